@@ -1,0 +1,643 @@
+//! Configuration: what the user wrote (TOML file and flags), validated into
+//! typed settings before anything is opened, bound or probed.
+//!
+//! Two phases, as in ripgrep: [`raw`] mirrors the file exactly (serde with
+//! `deny_unknown_fields`, every value spanned so errors can name the line),
+//! then [`build`] merges defaults, checks values and the filesystem facts a
+//! volume depends on, and returns [`Config`] or one [`ConfigError`].
+
+pub mod raw;
+pub mod units;
+
+use std::collections::HashSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::types::{EngineChoice, SyncMethod};
+use raw::{RawConfig, RawVolume, RawVolumeDefaults, Sp};
+
+/// Probe directory created inside a volume path when none is configured.
+pub const PROBE_DIR_NAME: &str = "pg-storage-exporter-probe";
+/// Where the exporter probes when given no volume at all: /var/tmp is on
+/// persistent storage on common distributions (unlike /tmp, often tmpfs),
+/// writable by any user, and not cleaned at boot.
+pub const DEFAULT_VOLUME_PATH: &str = "/var/tmp";
+pub const DEFAULT_VOLUME_NAME: &str = "default";
+
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Big enough that random 8 KiB reads rarely hit the same block twice in a
+/// window, small enough to write at start on any volume.
+pub const DEFAULT_READ_FILE_SIZE: u64 = 64 << 20;
+/// A WAL segment is 16 MiB by default; the WAL probe cycles through one.
+pub const WAL_FILE_SIZE: u64 = 16 << 20;
+/// Never let the probe files push a PostgreSQL volume into its last GiB.
+pub const DEFAULT_FREE_SPACE_RESERVE: u64 = 1 << 30;
+/// Reads answered faster than this did not reach a device (FACTS.md §3:
+/// flash needs tens of µs, a hypervisor cache answered in 668 ns).
+pub const DEFAULT_CACHE_SERVED_THRESHOLD: Duration = Duration::from_micros(5);
+/// Samples one window may hold per op; bounds memory at ~1.6 MiB per op.
+pub const MAX_WINDOW_SAMPLES: u64 = 100_000;
+/// The IO size PostgreSQL uses for WAL and heap pages (BLCKSZ).
+pub const BLOCK_SIZE: usize = 8192;
+
+/// Validated configuration of the daemon.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub window: Duration,
+    pub shutdown_timeout: Duration,
+    pub volumes: Vec<VolumeConfig>,
+}
+
+/// One volume to probe, fully resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeConfig {
+    pub name: String,
+    /// The directory whose storage is measured.
+    pub path: PathBuf,
+    /// Where probe files live: on the same filesystem as `path`.
+    pub probe_dir: PathBuf,
+    pub commit_probe: bool,
+    pub read_probe: bool,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub read_file_size: u64,
+    pub sync_method: SyncMethod,
+    pub free_space_reserve: u64,
+    pub engine: EngineChoice,
+    pub cache_served_threshold: Duration,
+}
+
+/// Where a setting came from, so an error can point at it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A config file; `line` is 1-based.
+    File { file: PathBuf, line: usize },
+    /// A command-line flag.
+    Flag(&'static str),
+    /// The built-in default.
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::File { file, line } => write!(f, "{}:{line}", file.display()),
+            Origin::Flag(flag) => write!(f, "flag {flag}"),
+            Origin::Default => f.write_str("built-in default"),
+        }
+    }
+}
+
+/// Why a configuration was refused. Each variant names what to fix.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {source}", file.display())]
+    Read {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}:{column}: {key}: {message}", file.display())]
+    Syntax {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        key: String,
+        message: String,
+    },
+    #[error("{origin}: {key}: {message}")]
+    Invalid {
+        origin: Origin,
+        key: String,
+        message: String,
+    },
+}
+
+/// Settings given on the command line that shape volumes.
+#[derive(Debug, Clone, Default)]
+pub struct FlagOverrides {
+    /// `--probe.path [NAME=]PATH`, in order.
+    pub probe_paths: Vec<String>,
+    pub engine: Option<EngineChoice>,
+    pub sync_method: Option<SyncMethod>,
+    pub interval: Option<Duration>,
+    pub read_file_size: Option<u64>,
+    pub free_space_reserve: Option<u64>,
+}
+
+/// Loads and validates the configuration from an optional file plus flags.
+pub fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Config, ConfigError> {
+    let raw = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                file: path.to_path_buf(),
+                source,
+            })?;
+            Some((path.to_path_buf(), text))
+        }
+        None => None,
+    };
+    match raw {
+        Some((path, text)) => {
+            let parsed = raw::parse(&path, &text)?;
+            build(Some((&path, &text)), parsed, flags)
+        }
+        None => build(None, RawConfig::default(), flags),
+    }
+}
+
+/// Turns a parsed file and flags into a validated [`Config`].
+pub fn build(
+    file: Option<(&Path, &str)>,
+    raw: RawConfig,
+    flags: &FlagOverrides,
+) -> Result<Config, ConfigError> {
+    let at = |span: Option<std::ops::Range<usize>>| -> Origin {
+        match (file, span) {
+            (Some((f, text)), Some(s)) => Origin::File {
+                file: f.to_path_buf(),
+                line: raw::line_of(text, s.start),
+            },
+            _ => Origin::Default,
+        }
+    };
+    let invalid = |origin: Origin, key: &str, message: String| ConfigError::Invalid {
+        origin,
+        key: key.to_string(),
+        message,
+    };
+
+    let window = match &raw.window {
+        Some(w) => {
+            let d = w.get_ref().0;
+            if d < Duration::from_secs(10) || d > Duration::from_secs(24 * 3600) {
+                return Err(invalid(
+                    at(Some(w.span())),
+                    "window",
+                    format!("{d:?} is out of range: use 10s to 24h"),
+                ));
+            }
+            d
+        }
+        None => DEFAULT_WINDOW,
+    };
+    let shutdown_timeout = match &raw.shutdown_timeout {
+        Some(w) => {
+            let d = w.get_ref().0;
+            if d.is_zero() || d > Duration::from_secs(300) {
+                return Err(invalid(
+                    at(Some(w.span())),
+                    "shutdown_timeout",
+                    format!("{d:?} is out of range: use 100ms to 5m"),
+                ));
+            }
+            d
+        }
+        None => DEFAULT_SHUTDOWN_TIMEOUT,
+    };
+
+    let defaults = raw.defaults.unwrap_or_default();
+    let mut volumes = Vec::new();
+    for (i, v) in raw.volume.iter().enumerate() {
+        volumes.push(volume_from_file(i, v, &defaults, &at)?);
+    }
+    for spec in &flags.probe_paths {
+        volumes.push(volume_from_flag(spec, &defaults, flags, &at)?);
+    }
+    if volumes.is_empty() {
+        let mut v = volume_from_flag(
+            &format!("{DEFAULT_VOLUME_NAME}={DEFAULT_VOLUME_PATH}"),
+            &defaults,
+            flags,
+            &at,
+        )?;
+        v.name = DEFAULT_VOLUME_NAME.to_string();
+        volumes.push(v);
+    }
+
+    let mut names = HashSet::new();
+    let mut probe_dirs = HashSet::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let origin = raw
+            .volume
+            .get(i)
+            .map(|r| at(Some(r.name.span())))
+            .unwrap_or(Origin::Flag("--probe.path"));
+        if !names.insert(v.name.clone()) {
+            return Err(invalid(
+                origin,
+                "volume.name",
+                format!(
+                    "duplicate volume name {:?}: names label every metric and must be unique",
+                    v.name
+                ),
+            ));
+        }
+        if !probe_dirs.insert(v.probe_dir.clone()) {
+            return Err(invalid(
+                origin,
+                "volume.probe_dir",
+                format!(
+                    "probe directory {} is used by two volumes; give each its own",
+                    v.probe_dir.display()
+                ),
+            ));
+        }
+        let samples = window.as_secs_f64() / v.interval.as_secs_f64().max(1e-9);
+        if samples > MAX_WINDOW_SAMPLES as f64 {
+            return Err(invalid(
+                origin,
+                "window",
+                format!(
+                    "a {:?} window at a {:?} interval keeps {samples:.0} samples per op on volume {:?}; \
+                     the maximum is {MAX_WINDOW_SAMPLES}: shorten the window or lengthen the interval",
+                    window, v.interval, v.name
+                ),
+            ));
+        }
+    }
+
+    Ok(Config {
+        window,
+        shutdown_timeout,
+        volumes,
+    })
+}
+
+/// Settings a volume takes from `[defaults]` unless it sets its own.
+struct Settings {
+    commit_probe: bool,
+    read_probe: bool,
+    interval: Duration,
+    timeout: Duration,
+    read_file_size: u64,
+    sync_method: SyncMethod,
+    free_space_reserve: u64,
+    engine: EngineChoice,
+    cache_served_threshold: Duration,
+}
+
+fn volume_from_file(
+    i: usize,
+    v: &RawVolume,
+    d: &RawVolumeDefaults,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<VolumeConfig, ConfigError> {
+    let key = |k: &str| format!("volume[{i}].{k}");
+    let name = v.name.get_ref().clone();
+    validate_name(&name).map_err(|message| ConfigError::Invalid {
+        origin: at(Some(v.name.span())),
+        key: key("name"),
+        message,
+    })?;
+    let s = settings(
+        &|field, from_volume, span, message| ConfigError::Invalid {
+            origin: at(span),
+            key: if from_volume {
+                key(field)
+            } else {
+                format!("defaults.{field}")
+            },
+            message,
+        },
+        &v.settings(),
+        d,
+    )?;
+    let path_origin = at(Some(v.path.span()));
+    let path = resolve_dir(v.path.get_ref()).map_err(|message| ConfigError::Invalid {
+        origin: path_origin.clone(),
+        key: key("path"),
+        message,
+    })?;
+    let (probe_dir, pd_origin, pd_key) = match &v.probe_dir {
+        Some(pd) => (absolute(pd.get_ref()), at(Some(pd.span())), key("probe_dir")),
+        None => (path.join(PROBE_DIR_NAME), path_origin, key("path")),
+    };
+    check_probe_dir(&path, &probe_dir).map_err(|message| ConfigError::Invalid {
+        origin: pd_origin,
+        key: pd_key,
+        message,
+    })?;
+    Ok(finish(name, path, probe_dir, s))
+}
+
+/// Reports a bad setting: field name, whether the volume (not `[defaults]`)
+/// set it, where, and why.
+type SettingError<'a> = dyn Fn(&str, bool, Option<std::ops::Range<usize>>, String) -> ConfigError + 'a;
+
+fn settings(
+    err: &SettingError<'_>,
+    v: &RawVolumeDefaults,
+    d: &RawVolumeDefaults,
+) -> Result<Settings, ConfigError> {
+    // Pick the volume's value, else the default's, keeping the span of
+    // whichever was written so errors point at the right line.
+    fn pick<'a, T>(a: &'a Option<Sp<T>>, b: &'a Option<Sp<T>>) -> Option<(&'a Sp<T>, bool)> {
+        match (a, b) {
+            (Some(x), _) => Some((x, true)),
+            (None, Some(x)) => Some((x, false)),
+            (None, None) => None,
+        }
+    }
+    let probes = pick(&v.probes, &d.probes);
+    let (commit_probe, read_probe) = match probes {
+        Some((p, vol)) => {
+            let list = p.get_ref();
+            if list.is_empty() {
+                return Err(err(
+                    "probes",
+                    vol,
+                    Some(p.span()),
+                    "empty list: give at least one of \"commit\", \"read\"".to_string(),
+                ));
+            }
+            (
+                list.contains(&crate::types::ProbeKind::Commit),
+                list.contains(&crate::types::ProbeKind::Read),
+            )
+        }
+        None => (true, true),
+    };
+    let interval = match pick(&v.interval, &d.interval) {
+        Some((x, vol)) => {
+            let i = x.get_ref().0;
+            if i < Duration::from_millis(1) || i > Duration::from_secs(3600) {
+                return Err(err(
+                    "interval",
+                    vol,
+                    Some(x.span()),
+                    format!("{i:?} is out of range: use 1ms to 1h"),
+                ));
+            }
+            i
+        }
+        None => DEFAULT_INTERVAL,
+    };
+    let timeout = match pick(&v.timeout, &d.timeout) {
+        Some((x, vol)) => {
+            let t = x.get_ref().0;
+            if t < Duration::from_millis(10) {
+                return Err(err(
+                    "timeout",
+                    vol,
+                    Some(x.span()),
+                    format!("{t:?} is too short: a healthy network volume can take 10 ms"),
+                ));
+            }
+            t
+        }
+        None => DEFAULT_TIMEOUT,
+    };
+    let read_file_size = match pick(&v.read_file_size, &d.read_file_size) {
+        Some((x, vol)) => {
+            let b = x.get_ref().0;
+            validate_read_file_size(b)
+                .map_err(|m| err("read_file_size", vol, Some(x.span()), m))?;
+            b
+        }
+        None => DEFAULT_READ_FILE_SIZE,
+    };
+    let sync_method = pick(&v.sync_method, &d.sync_method)
+        .map(|(x, _)| *x.get_ref())
+        .unwrap_or_default();
+    let free_space_reserve = pick(&v.free_space_reserve, &d.free_space_reserve)
+        .map(|(x, _)| x.get_ref().0)
+        .unwrap_or(DEFAULT_FREE_SPACE_RESERVE);
+    let engine = pick(&v.engine, &d.engine)
+        .map(|(x, _)| *x.get_ref())
+        .unwrap_or_default();
+    let cache_served_threshold = match pick(&v.cache_served_threshold, &d.cache_served_threshold) {
+        Some((x, vol)) => {
+            let t = x.get_ref().0;
+            if t > Duration::from_millis(1) {
+                return Err(err(
+                    "cache_served_threshold",
+                    vol,
+                    Some(x.span()),
+                    format!("{t:?} is too long: devices answer 8 KiB reads in tens of µs; use at most 1ms"),
+                ));
+            }
+            t
+        }
+        None => DEFAULT_CACHE_SERVED_THRESHOLD,
+    };
+    Ok(Settings {
+        commit_probe,
+        read_probe,
+        interval,
+        timeout,
+        read_file_size,
+        sync_method,
+        free_space_reserve,
+        engine,
+        cache_served_threshold,
+    })
+}
+
+fn finish(name: String, path: PathBuf, probe_dir: PathBuf, s: Settings) -> VolumeConfig {
+    VolumeConfig {
+        name,
+        path,
+        probe_dir,
+        commit_probe: s.commit_probe,
+        read_probe: s.read_probe,
+        interval: s.interval,
+        timeout: s.timeout,
+        read_file_size: s.read_file_size,
+        sync_method: s.sync_method,
+        free_space_reserve: s.free_space_reserve,
+        engine: s.engine,
+        cache_served_threshold: s.cache_served_threshold,
+    }
+}
+
+fn volume_from_flag(
+    spec: &str,
+    d: &RawVolumeDefaults,
+    flags: &FlagOverrides,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<VolumeConfig, ConfigError> {
+    const FLAG: &str = "--probe.path";
+    let flag_err = |message: String| ConfigError::Invalid {
+        origin: Origin::Flag(FLAG),
+        key: spec.to_string(),
+        message,
+    };
+    let (name, path) = split_name(spec);
+    let path = resolve_dir(Path::new(path)).map_err(&flag_err)?;
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => default_name(&path),
+    };
+    validate_name(&name).map_err(|m| flag_err(format!("{m} (write NAME=PATH to choose one)")))?;
+    let empty = RawVolumeDefaults::default();
+    let mut s = settings(
+        &|field, _vol, span, message| ConfigError::Invalid {
+            origin: at(span),
+            key: format!("defaults.{field}"),
+            message,
+        },
+        &empty,
+        d,
+    )?;
+    if let Some(e) = flags.engine {
+        s.engine = e;
+    }
+    if let Some(m) = flags.sync_method {
+        s.sync_method = m;
+    }
+    if let Some(i) = flags.interval {
+        if i < Duration::from_millis(1) || i > Duration::from_secs(3600) {
+            return Err(ConfigError::Invalid {
+                origin: Origin::Flag("--probe.interval"),
+                key: format!("{i:?}"),
+                message: "out of range: use 1ms to 1h".to_string(),
+            });
+        }
+        s.interval = i;
+    }
+    if let Some(b) = flags.read_file_size {
+        validate_read_file_size(b).map_err(|message| ConfigError::Invalid {
+            origin: Origin::Flag("--probe.read-file-size"),
+            key: b.to_string(),
+            message,
+        })?;
+        s.read_file_size = b;
+    }
+    if let Some(b) = flags.free_space_reserve {
+        s.free_space_reserve = b;
+    }
+    let probe_dir = path.join(PROBE_DIR_NAME);
+    check_probe_dir(&path, &probe_dir).map_err(flag_err)?;
+    Ok(finish(name, path, probe_dir, s))
+}
+
+/// Splits `NAME=PATH`. A prefix counts as a name only when it contains no
+/// `/`, so a path that happens to contain `=` still works.
+pub fn split_name(spec: &str) -> (Option<&str>, &str) {
+    match spec.split_once('=') {
+        Some((n, p)) if !n.is_empty() && !n.contains('/') => (Some(n), p),
+        _ => (None, spec),
+    }
+}
+
+/// A volume named after its directory: `/srv/pgwal` → `pgwal`.
+fn default_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "root".to_string())
+}
+
+/// Volume names become label values in every series: keep them short and
+/// free of characters that need escaping in PromQL.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(format!("invalid volume name {name:?}: use 1 to 64 characters"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/')))
+    {
+        return Err(format!(
+            "invalid volume name {name:?}: character {c:?} not allowed (use letters, digits, _ - . /)"
+        ));
+    }
+    Ok(())
+}
+
+fn validate_read_file_size(b: u64) -> Result<(), String> {
+    if b < (1 << 20) || b > (1 << 40) {
+        return Err(format!(
+            "{} is out of range: use 1MiB to 1TiB",
+            units::fmt_bytes(b)
+        ));
+    }
+    if b % BLOCK_SIZE as u64 != 0 {
+        return Err(format!("{b} bytes is not a multiple of 8KiB, the read size"));
+    }
+    Ok(())
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|c| c.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}
+
+/// Resolves a volume path to an existing directory (symlinks followed: a
+/// `pg_wal` symlink to another disk must be measured where it points).
+fn resolve_dir(p: &Path) -> Result<PathBuf, String> {
+    let canonical = std::fs::canonicalize(p)
+        .map_err(|e| format!("path {}: {e}", p.display()))?;
+    let meta = std::fs::metadata(&canonical)
+        .map_err(|e| format!("path {}: {e}", canonical.display()))?;
+    if !meta.is_dir() {
+        return Err(format!("path {} is not a directory", canonical.display()));
+    }
+    Ok(canonical)
+}
+
+/// Refuses probe directories that PostgreSQL owns or that would measure a
+/// different filesystem than the volume.
+pub fn check_probe_dir(volume: &Path, probe_dir: &Path) -> Result<(), String> {
+    if let Some(owner) = postgres_owned_ancestor(probe_dir) {
+        return Err(format!(
+            "probe directory {} would be inside PostgreSQL's {}: the exporter never writes there. \
+             Set probe_dir to a directory beside it on the same filesystem",
+            probe_dir.display(),
+            owner.display()
+        ));
+    }
+    // The probe directory itself may not exist yet: compare its parent.
+    let existing = if probe_dir.exists() {
+        probe_dir.to_path_buf()
+    } else {
+        match probe_dir.parent() {
+            Some(p) => p.to_path_buf(),
+            None => return Err(format!("probe directory {} has no parent", probe_dir.display())),
+        }
+    };
+    let pd = std::fs::metadata(&existing)
+        .map_err(|e| format!("probe directory parent {}: {e}", existing.display()))?;
+    let vol = std::fs::metadata(volume).map_err(|e| format!("path {}: {e}", volume.display()))?;
+    if pd.dev() != vol.dev() {
+        return Err(format!(
+            "probe directory {} is on a different filesystem than {}: it would measure the wrong device",
+            probe_dir.display(),
+            volume.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The PostgreSQL data directory or WAL directory that contains `p`, if any.
+/// A data directory is recognised by `PG_VERSION` next to `global/`; WAL
+/// directories by name (`pg_wal`, or `pg_xlog` before PostgreSQL 10).
+pub fn postgres_owned_ancestor(p: &Path) -> Option<PathBuf> {
+    let mut cur = PathBuf::new();
+    for comp in p.components() {
+        cur.push(comp);
+        if let Component::Normal(n) = comp
+            && (n == "pg_wal" || n == "pg_xlog")
+        {
+            return Some(cur);
+        }
+        if cur.join("PG_VERSION").is_file() && cur.join("global").is_dir() {
+            return Some(cur);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;

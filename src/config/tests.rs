@@ -1,0 +1,220 @@
+use super::*;
+
+fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    let file = Path::new("/etc/pg-storage-exporter.toml");
+    let raw = raw::parse(file, text)?;
+    build(Some((file, text)), raw, &FlagOverrides::default())
+}
+
+#[test]
+fn misspelt_key_names_key_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "window = \"5m\"\n\n[[volume]]\nname = \"wal\"\npath = \"{}\"\nintervall = \"1s\"\n",
+        dir.path().display()
+    );
+    let e = parse_str(&text).unwrap_err().to_string();
+    assert!(e.starts_with("/etc/pg-storage-exporter.toml:6:1: volume[0].intervall: "), "{e}");
+    assert!(e.contains("unknown field `intervall`"), "{e}");
+    assert!(e.contains("`interval`"), "suggests the valid keys: {e}");
+}
+
+#[test]
+fn error_messages_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().display().to_string();
+    let vol = |extra: &str| format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n{extra}\n");
+    // (config text, expected substrings of the one error)
+    let cases: Vec<(String, Vec<&str>)> = vec![
+        (
+            "windw = \"5m\"\n".to_string(),
+            vec![":1:1: windw: unknown field `windw`"],
+        ),
+        (
+            "window = \"5 minutes\"\n".to_string(),
+            vec![":1:10: window: invalid duration \"5 minutes\": unknown unit \"minutes\""],
+        ),
+        (
+            "window = 300\n".to_string(),
+            vec![":1:10: window: invalid duration 300: write it as a string with a unit"],
+        ),
+        (
+            "window = \"1s\"\n".to_string(),
+            vec![":1: window: 1s is out of range: use 10s to 24h"],
+        ),
+        (
+            vol("interval = \"0ms\""),
+            vec![":4: volume[0].interval: 0ns is out of range: use 1ms to 1h"],
+        ),
+        (
+            vol("sync_method = \"fdatasnc\""),
+            vec![":4:15: volume[0].sync_method: unknown variant `fdatasnc`", "`open_datasync`"],
+        ),
+        (
+            vol("engine = \"uring\""),
+            vec![":4:10: volume[0].engine: unknown variant `uring`", "`io_uring`"],
+        ),
+        (
+            vol("read_file_size = \"64 parsecs\""),
+            vec![":4:18: volume[0].read_file_size: invalid size \"64 parsecs\": unknown unit"],
+        ),
+        (
+            vol("read_file_size = \"100KiB\""),
+            vec![":4: volume[0].read_file_size: 100KiB is out of range: use 1MiB to 1TiB"],
+        ),
+        (
+            vol("probes = []"),
+            vec![":4: volume[0].probes: empty list"],
+        ),
+        (
+            vol("probes = [\"write\"]"),
+            vec!["volume[0].probes[0]: unknown variant `write`, expected `commit` or `read`"],
+        ),
+        (
+            vol("cache_served_threshold = \"5ms\""),
+            vec![":4: volume[0].cache_served_threshold: 5ms is too long"],
+        ),
+        (
+            format!("[[volume]]\nname = \"bad name\"\npath = \"{p}\"\n"),
+            vec![":2: volume[0].name: invalid volume name \"bad name\": character ' ' not allowed"],
+        ),
+        (
+            "[[volume]]\nname = \"v\"\npath = \"/nonexistent/pgwal\"\n".to_string(),
+            vec![":3: volume[0].path: path /nonexistent/pgwal: No such file or directory"],
+        ),
+        (
+            format!("{}{}", vol(""), vol("")),
+            vec![":6: volume.name: duplicate volume name \"v\""],
+        ),
+        (
+            "[defaults]\ninterval = \"2h\"\n".to_string(),
+            vec![":2: defaults.interval: 7200s is out of range"],
+        ),
+        (
+            format!("window = \"24h\"\n{}", vol("interval = \"10ms\"")),
+            vec!["window: a 86400s window at a 10ms interval keeps 8640000 samples per op"],
+        ),
+        (
+            "[[volume]]\nname = \"v\"\n".to_string(),
+            vec!["missing field `path`"],
+        ),
+        (
+            "window = \"5m\n".to_string(),
+            vec![":1:"],
+        ),
+    ];
+    for (text, wants) in cases {
+        let e = parse_str(&text).map(|_| ()).unwrap_err().to_string();
+        for want in wants {
+            assert!(e.contains(want), "config:\n{text}\nerror: {e}\nwanted: {want}");
+        }
+    }
+}
+
+#[test]
+fn defaults_apply_and_volume_overrides() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().display();
+    let text = format!(
+        "window = \"5m\"\n[defaults]\ninterval = \"2s\"\nsync_method = \"fsync\"\n\
+         [[volume]]\nname = \"a\"\npath = \"{p}\"\nprobe_dir = \"{p}/pa\"\n\
+         [[volume]]\nname = \"b\"\npath = \"{p}\"\nprobe_dir = \"{p}/pb\"\ninterval = \"250ms\"\nprobes = [\"read\"]\n"
+    );
+    let c = parse_str(&text).unwrap();
+    assert_eq!(c.window, Duration::from_secs(300));
+    let (a, b) = (&c.volumes[0], &c.volumes[1]);
+    assert_eq!(a.interval, Duration::from_secs(2));
+    assert_eq!(a.sync_method, SyncMethod::Fsync);
+    assert!(a.commit_probe && a.read_probe);
+    assert_eq!(b.interval, Duration::from_millis(250));
+    assert!(!b.commit_probe && b.read_probe);
+    assert_eq!(b.read_file_size, DEFAULT_READ_FILE_SIZE);
+    assert_eq!(b.probe_dir, dir.path().canonicalize().unwrap().join("pb"));
+}
+
+#[test]
+fn no_volumes_means_the_embedded_default() {
+    let c = build(None, RawConfig::default(), &FlagOverrides::default()).unwrap();
+    assert_eq!(c.volumes.len(), 1);
+    assert_eq!(c.volumes[0].name, DEFAULT_VOLUME_NAME);
+    assert_eq!(
+        c.volumes[0].probe_dir,
+        Path::new(DEFAULT_VOLUME_PATH).canonicalize().unwrap().join(PROBE_DIR_NAME)
+    );
+    assert_eq!(c.window, DEFAULT_WINDOW);
+}
+
+#[test]
+fn probe_path_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("pgwal");
+    std::fs::create_dir(&sub).unwrap();
+    let flags = FlagOverrides {
+        probe_paths: vec![
+            format!("wal={}", sub.display()),
+            sub.display().to_string(),
+        ],
+        engine: Some(EngineChoice::Sync),
+        ..Default::default()
+    };
+    // Same directory twice: the probe directory collides.
+    let e = build(None, RawConfig::default(), &flags).unwrap_err().to_string();
+    assert!(e.contains("is used by two volumes"), "{e}");
+
+    let flags = FlagOverrides {
+        probe_paths: vec![format!("wal={}", sub.display())],
+        engine: Some(EngineChoice::Sync),
+        ..Default::default()
+    };
+    let c = build(None, RawConfig::default(), &flags).unwrap();
+    assert_eq!(c.volumes[0].name, "wal");
+    assert_eq!(c.volumes[0].engine, EngineChoice::Sync);
+
+    let flags = FlagOverrides {
+        probe_paths: vec![sub.display().to_string()],
+        ..Default::default()
+    };
+    let c = build(None, RawConfig::default(), &flags).unwrap();
+    assert_eq!(c.volumes[0].name, "pgwal");
+
+    let flags = FlagOverrides {
+        probe_paths: vec!["x=/does/not/exist".to_string()],
+        ..Default::default()
+    };
+    let e = build(None, RawConfig::default(), &flags).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "flag --probe.path: x=/does/not/exist: path /does/not/exist: No such file or directory (os error 2)"
+    );
+}
+
+#[test]
+fn split_name_table() {
+    assert_eq!(split_name("wal=/srv/wal"), (Some("wal"), "/srv/wal"));
+    assert_eq!(split_name("/srv/a=b"), (None, "/srv/a=b"));
+    assert_eq!(split_name("=/srv"), (None, "=/srv"));
+    assert_eq!(split_name("/srv"), (None, "/srv"));
+}
+
+#[test]
+fn refuses_to_probe_inside_a_data_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("main");
+    std::fs::create_dir_all(data.join("global")).unwrap();
+    std::fs::create_dir_all(data.join("pg_wal")).unwrap();
+    std::fs::write(data.join("PG_VERSION"), "18\n").unwrap();
+    for target in [data.clone(), data.join("pg_wal")] {
+        let flags = FlagOverrides {
+            probe_paths: vec![format!("x={}", target.display())],
+            ..Default::default()
+        };
+        let e = build(None, RawConfig::default(), &flags).unwrap_err().to_string();
+        assert!(e.contains("the exporter never writes there"), "{e}");
+    }
+    // Beside the data directory is fine.
+    let flags = FlagOverrides {
+        probe_paths: vec![format!("x={}", dir.path().display())],
+        ..Default::default()
+    };
+    assert!(build(None, RawConfig::default(), &flags).is_ok());
+}

@@ -1,0 +1,52 @@
+//! Commit ceilings: how many commits per second one client can do.
+//!
+//! A backend that commits waits for its WAL record to be written and synced
+//! before it can send the next statement. With one client nothing else shares
+//! that sync (no group commit), so one client's commit rate cannot exceed
+//! 1 / (WAL write + sync latency). FACTS.md §1: a 0.89 ms sync gave 904 TPS at
+//! one client once the statement's own work was added.
+
+/// Upper bound on one client's commits per second for a given commit latency
+/// (WAL write + sync) in seconds. `None` when the latency is not a positive
+/// finite number, so a missing measurement never turns into an infinite ceiling.
+pub fn commit_ceiling(commit_latency_seconds: f64) -> Option<f64> {
+    if commit_latency_seconds.is_finite() && commit_latency_seconds > 0.0 {
+        Some(1.0 / commit_latency_seconds)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64, rel: f64) -> bool {
+        ((a - b) / b).abs() <= rel
+    }
+
+    #[test]
+    fn ceilings_from_facts() {
+        // (latency, expected ceiling, source)
+        let cases = [
+            (0.000_889, 1125.0, "FACTS §1 fio fdatasync mean, 1 job"),
+            (0.001_106, 904.0, "FACTS §1 pgbench 1 client, 1.106 ms per commit"),
+            (0.001, 1000.0, "FACTS §1 1 ms sync caps one client at 1,000/s"),
+            (0.009, 111.1, "FACTS §1 9 ms sync caps one client at 111/s"),
+            (0.0734, 13.6, "FACTS §2 write+fdatasync under a 100 IOPS cap"),
+            (0.0695, 14.4, "FACTS §2 pgbench 1 client under the cap"),
+            (0.000_151, 6622.5, "FACTS §5 build machine sync mean"),
+        ];
+        for (lat, want, why) in cases {
+            let got = commit_ceiling(lat).unwrap();
+            assert!(close(got, want, 0.01), "{why}: got {got}, want {want}");
+        }
+    }
+
+    #[test]
+    fn no_ceiling_without_a_measurement() {
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(commit_ceiling(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The derived model: pure functions over latency samples.
+//!
+//! Nothing here does IO or reads a clock. Probes feed samples in, the metrics
+//! and `check` layers read results out. Keeping the math pure is what lets the
+//! figures of FACTS.md be unit-tested as tables.
+
+pub mod ceiling;
+pub mod quantile;
+pub mod verdict;
+pub mod window;
+
+/// Quantiles exported for every window: the median, the usual tail points and
+/// the maximum. p99.9 matters because a single slow WAL sync stalls every
+/// backend waiting in group commit behind it.
+pub const WINDOW_QUANTILES: [f64; 5] = [0.5, 0.9, 0.99, 0.999, 1.0];

@@ -1,0 +1,257 @@
+//! Plain-language warnings for `check`, computed from a run's statistics.
+//!
+//! Each rule encodes a storage fact from FACTS.md; the thresholds are the
+//! ones a DBA can defend in a review, not tuned to this machine.
+
+use serde::Serialize;
+
+use crate::types::{Op, SyncMethod};
+
+/// A durable 8 KiB write needs at least one round trip to stable media; on
+/// flash with power-loss protection that is ~20–100 µs, on anything networked
+/// far more. Faster than this usually means a volatile write-back cache
+/// acknowledged before the data was durable (FACTS.md §2).
+pub const SUSPICIOUS_SYNC_SECONDS: f64 = 50e-6;
+
+/// p99.9 above this multiple of p50 is a heavy tail: some commits wait an
+/// order of magnitude longer than typical ones.
+pub const HEAVY_TAIL_RATIO: f64 = 10.0;
+
+/// Filesystems living in memory: sync returns at once and proves nothing.
+const MEMORY_FILESYSTEMS: &[&str] = &["tmpfs", "ramfs", "hugetlbfs", "devtmpfs"];
+
+/// Latency summary of one op, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OpStats {
+    pub count: u64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+/// What a check run measured, as the rules need it.
+#[derive(Debug, Clone)]
+pub struct Observed<'a> {
+    pub fstype: &'a str,
+    pub sync_method: SyncMethod,
+    pub write: Option<OpStats>,
+    pub sync: Option<OpStats>,
+    pub commit: Option<OpStats>,
+    pub read: Option<OpStats>,
+    pub reads_total: u64,
+    pub cache_served_reads: u64,
+}
+
+/// One finding, with a stable code for JSON consumers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Warning {
+    pub code: &'static str,
+    pub message: String,
+}
+
+/// All findings for a run, most serious first.
+pub fn warnings(o: &Observed<'_>) -> Vec<Warning> {
+    let mut out = Vec::new();
+
+    if MEMORY_FILESYSTEMS.contains(&o.fstype) {
+        out.push(Warning {
+            code: "memory_filesystem",
+            message: format!(
+                "{} keeps files in memory: sync returns immediately and nothing is durable; \
+                 these figures say nothing about a disk",
+                o.fstype
+            ),
+        });
+    } else if o.fstype == "overlay" {
+        out.push(Warning {
+            code: "overlay_filesystem",
+            message: "overlay (a container's writable layer): syncs reach whatever filesystem \
+                      backs the upper layer; put PostgreSQL data and this probe on a mounted volume"
+                .to_string(),
+        });
+    } else if o.fstype.starts_with("fuse") {
+        out.push(Warning {
+            code: "fuse_filesystem",
+            message: format!(
+                "{}: what a sync guarantees depends on the FUSE daemon, not the kernel",
+                o.fstype
+            ),
+        });
+    }
+
+    // The durable step is the sync call, or the O_DSYNC write itself.
+    let (durable_op, durable) = if o.sync_method.has_sync_call() {
+        (Op::Sync, o.sync)
+    } else {
+        (Op::Commit, o.commit)
+    };
+    if let Some(s) = durable
+        && s.count > 0
+        && s.p50 < SUSPICIOUS_SYNC_SECONDS
+        && !MEMORY_FILESYSTEMS.contains(&o.fstype)
+    {
+        out.push(Warning {
+            code: "sync_too_fast",
+            message: format!(
+                "{} p50 is {}, under {}: faster than stable media can make 8 KiB durable. \
+                 A volatile write-back cache (RAID controller or hypervisor without power-loss \
+                 protection) may be acknowledging before the data is safe",
+                durable_op,
+                fmt_seconds(s.p50),
+                fmt_seconds(SUSPICIOUS_SYNC_SECONDS)
+            ),
+        });
+    }
+
+    if o.cache_served_reads > 0 && o.reads_total > 0 {
+        let pct = 100.0 * o.cache_served_reads as f64 / o.reads_total as f64;
+        out.push(Warning {
+            code: "cache_served_reads",
+            message: format!(
+                "{} of {} O_DIRECT reads ({pct:.1}%) returned faster than any device answers: \
+                 a cache below this OS (hypervisor, controller, or the disk's own) served them. \
+                 Cold page reads of a large database will be slower than these figures",
+                o.cache_served_reads, o.reads_total
+            ),
+        });
+    }
+
+    for (op, stats) in [
+        (Op::Sync, o.sync),
+        (Op::Commit, o.commit),
+        (Op::Read, o.read),
+    ] {
+        if let Some(s) = stats
+            && s.count >= 1000
+            && s.p50 > 0.0
+            && s.p999 > HEAVY_TAIL_RATIO * s.p50
+        {
+            out.push(Warning {
+                code: "heavy_tail",
+                message: format!(
+                    "{op} has a heavy tail: p99.9 {} is {:.0}× the p50 {}; one in a thousand \
+                     operations waits that long, and every backend in group commit waits with it",
+                    fmt_seconds(s.p999),
+                    s.p999 / s.p50,
+                    fmt_seconds(s.p50)
+                ),
+            });
+        }
+    }
+    out
+}
+
+/// Seconds in the unit a human reads fastest: ns, µs, ms or s, 3 significant digits.
+pub fn fmt_seconds(s: f64) -> String {
+    if !s.is_finite() {
+        return "-".to_string();
+    }
+    let (v, unit) = if s < 1e-6 {
+        (s * 1e9, "ns")
+    } else if s < 1e-3 {
+        (s * 1e6, "µs")
+    } else if s < 1.0 {
+        (s * 1e3, "ms")
+    } else {
+        (s, "s")
+    };
+    if v >= 100.0 {
+        format!("{v:.0} {unit}")
+    } else if v >= 10.0 {
+        format!("{v:.1} {unit}")
+    } else {
+        format!("{v:.2} {unit}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(p50: f64, p999: f64, count: u64) -> OpStats {
+        OpStats {
+            count,
+            p50,
+            p90: p50,
+            p99: p50,
+            p999,
+            max: p999,
+            mean: p50,
+        }
+    }
+
+    fn base<'a>() -> Observed<'a> {
+        Observed {
+            fstype: "ext4",
+            sync_method: SyncMethod::Fdatasync,
+            write: Some(stats(20e-6, 40e-6, 5000)),
+            sync: Some(stats(150e-6, 400e-6, 5000)),
+            commit: Some(stats(170e-6, 450e-6, 5000)),
+            read: Some(stats(80e-6, 200e-6, 5000)),
+            reads_total: 5000,
+            cache_served_reads: 0,
+        }
+    }
+
+    fn codes(o: &Observed<'_>) -> Vec<&'static str> {
+        warnings(o).into_iter().map(|w| w.code).collect()
+    }
+
+    #[test]
+    fn healthy_nvme_has_no_warnings() {
+        assert!(codes(&base()).is_empty());
+    }
+
+    #[test]
+    fn rules_table() {
+        let mut fast_sync = base();
+        fast_sync.sync = Some(stats(30e-6, 60e-6, 5000));
+
+        let mut fast_odsync = base();
+        fast_odsync.sync_method = SyncMethod::OpenDatasync;
+        fast_odsync.sync = None;
+        fast_odsync.commit = Some(stats(40e-6, 60e-6, 5000));
+
+        let mut tmpfs = base();
+        tmpfs.fstype = "tmpfs";
+        tmpfs.sync = Some(stats(1e-6, 2e-6, 5000));
+
+        let mut overlay = base();
+        overlay.fstype = "overlay";
+
+        let mut cached = base();
+        cached.cache_served_reads = 12;
+
+        let mut tail = base();
+        // FACTS §1: p99.9 306 µs vs ~98 µs is 3×, fine; 11× drift is not.
+        tail.sync = Some(stats(900e-6, 10.3e-3, 5000));
+
+        let mut tail_few = base();
+        tail_few.sync = Some(stats(900e-6, 10.3e-3, 50));
+
+        let cases: Vec<(&str, Observed<'_>, Vec<&str>)> = vec![
+            ("fast sync", fast_sync, vec!["sync_too_fast"]),
+            ("fast O_DSYNC write", fast_odsync, vec!["sync_too_fast"]),
+            ("tmpfs: memory only, no second warning", tmpfs, vec!["memory_filesystem"]),
+            ("overlay", overlay, vec!["overlay_filesystem"]),
+            ("cache-served reads", cached, vec!["cache_served_reads"]),
+            ("heavy tail", tail, vec!["heavy_tail"]),
+            ("too few samples to judge p99.9", tail_few, vec![]),
+        ];
+        for (name, o, want) in cases {
+            assert_eq!(codes(&o), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn formats_seconds() {
+        assert_eq!(fmt_seconds(668e-9), "668 ns");
+        assert_eq!(fmt_seconds(79e-6), "79.0 µs");
+        assert_eq!(fmt_seconds(1.106e-3), "1.11 ms");
+        assert_eq!(fmt_seconds(73.4e-3), "73.4 ms");
+        assert_eq!(fmt_seconds(12.0), "12.0 s");
+    }
+}

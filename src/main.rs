@@ -1,3 +1,118 @@
-fn main() {
-    println!("Hello, world!");
+//! Entry point: parse flags, load config, hand over to the daemon or to
+//! `check`, print one error and pick the exit code. Nothing else lives here.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use pg_storage_exporter::check::{self, CheckOptions};
+use pg_storage_exporter::cli::{Cli, Command, OutputFormat, parse_listen};
+use pg_storage_exporter::config::{self, FlagOverrides};
+use pg_storage_exporter::daemon::{self, WebOptions};
+use pg_storage_exporter::logging;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_level, cli.log_format);
+    match cli.command {
+        Some(Command::Check(ref a)) => {
+            let opts = CheckOptions {
+                path: a.path.clone(),
+                duration: a.duration,
+                sync_method: a.sync_method.into(),
+                engine: a.engine.into(),
+                read_file_size: a.read_file_size,
+                free_space_reserve: a.free_space_reserve,
+                probe_dir: a.probe_dir.clone(),
+                cache_served_threshold: a.cache_served_threshold,
+                commit: !a.no_commit,
+                read: !a.no_read,
+            };
+            let report = match check::run(&opts) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("pg-storage-exporter check: {e:#}");
+                    return ExitCode::from(1);
+                }
+            };
+            let out = match a.format {
+                OutputFormat::Text => Ok(check::render_text(&report)),
+                OutputFormat::Json => check::render_json(&report),
+            };
+            match out {
+                Ok(s) => print!("{s}"),
+                Err(e) => {
+                    eprintln!("pg-storage-exporter check: {e:#}");
+                    return ExitCode::from(1);
+                }
+            }
+            if report.interrupted {
+                ExitCode::from(130)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        None => run_daemon(cli),
+    }
+}
+
+fn run_daemon(cli: Cli) -> ExitCode {
+    let flags = FlagOverrides {
+        probe_paths: cli.probe_paths.clone(),
+        engine: cli.engine.map(Into::into),
+        sync_method: cli.sync_method.map(Into::into),
+        interval: cli.interval,
+        read_file_size: cli.read_file_size,
+        free_space_reserve: cli.free_space_reserve,
+    };
+    // Configuration errors exit with 2 before any port is bound or file written.
+    let cfg = match config::load(cli.config_file.as_deref(), &flags) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid configuration");
+            eprintln!("pg-storage-exporter: invalid configuration: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let listen = match parse_listen(&cli.listen_address) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("pg-storage-exporter: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if !cli.telemetry_path.starts_with('/') || cli.telemetry_path == "/" || cli.telemetry_path == "/healthz" {
+        eprintln!(
+            "pg-storage-exporter: --web.telemetry-path {:?}: must start with / and differ from / and /healthz",
+            cli.telemetry_path
+        );
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("pgse-async")
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pg-storage-exporter: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let web = WebOptions {
+        listen,
+        telemetry_path: cli.telemetry_path.clone(),
+    };
+    let result = runtime.block_on(daemon::run(cfg, web));
+    // Abandoned probe threads must not keep the process alive.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "exiting");
+            eprintln!("pg-storage-exporter: {e:#}");
+            ExitCode::from(1)
+        }
+    }
 }

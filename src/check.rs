@@ -1,0 +1,366 @@
+//! `check`: a one-shot measurement of one directory's volume with a verdict.
+//!
+//! Unlike the daemon (one probe per interval, cheap enough to run forever),
+//! `check` probes back to back at queue depth 1, like fio with one job:
+//! first commit probes for half the duration, then read probes. Latencies
+//! go into HDR histograms (3 significant digits, bounded memory for any
+//! duration).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::config::{BLOCK_SIZE, PROBE_DIR_NAME, WAL_FILE_SIZE, check_probe_dir};
+use crate::model::ceiling::commit_ceiling;
+use crate::model::verdict::{self, Observed, OpStats, Warning, fmt_seconds};
+use crate::probe::Rng;
+use crate::probe::engine::Engine;
+use crate::probe::files::{ProbeDir, raw};
+use crate::probe::fsinfo::{self, Roots};
+use crate::types::{EngineChoice, EngineKind, SyncMethod};
+
+/// Probe directory name used by `check`, distinct from the daemon's so a
+/// check can run beside a running exporter.
+pub const CHECK_DIR_NAME: &str = "pg-storage-exporter-check";
+
+#[derive(Debug, Clone)]
+pub struct CheckOptions {
+    pub path: PathBuf,
+    pub duration: Duration,
+    pub sync_method: SyncMethod,
+    pub engine: EngineChoice,
+    pub read_file_size: u64,
+    pub free_space_reserve: u64,
+    pub probe_dir: Option<PathBuf>,
+    pub cache_served_threshold: Duration,
+    pub commit: bool,
+    pub read: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub path: PathBuf,
+    pub probe_dir: PathBuf,
+    pub fstype: String,
+    pub device: String,
+    pub majmin: String,
+    pub engine: EngineKind,
+    pub engine_fallback_reason: Option<String>,
+    pub sync_method: SyncMethod,
+    pub duration_seconds: f64,
+    pub write: Option<OpStats>,
+    pub sync: Option<OpStats>,
+    pub commit: Option<OpStats>,
+    pub read: Option<OpStats>,
+    pub errors: Vec<String>,
+    pub reads_total: u64,
+    pub cache_served_reads: u64,
+    pub commit_ceiling_p50_per_second: Option<f64>,
+    pub commit_ceiling_p99_per_second: Option<f64>,
+    pub warnings: Vec<Warning>,
+    pub interrupted: bool,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Ctrl-C or SIGTERM end the run early; the files are still removed.
+fn install_signal_handlers() {
+    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+fn new_hist() -> anyhow::Result<Histogram<u64>> {
+    // 1 ns .. 1 h, 3 significant digits.
+    Histogram::new_with_bounds(1, 3_600_000_000_000, 3).context("creating histogram")
+}
+
+fn record(h: &mut Histogram<u64>, d: Duration) {
+    let ns = (d.as_nanos() as u64).clamp(1, h.high());
+    // Saturates rather than fails: the value is within bounds by the clamp.
+    let _ = h.record(ns);
+}
+
+fn stats(h: &Histogram<u64>) -> Option<OpStats> {
+    if h.is_empty() {
+        return None;
+    }
+    let s = |ns: u64| ns as f64 / 1e9;
+    Some(OpStats {
+        count: h.len(),
+        p50: s(h.value_at_quantile(0.5)),
+        p90: s(h.value_at_quantile(0.9)),
+        p99: s(h.value_at_quantile(0.99)),
+        p999: s(h.value_at_quantile(0.999)),
+        max: s(h.max()),
+        mean: h.mean() / 1e9,
+    })
+}
+
+pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
+    let path = std::fs::canonicalize(&opts.path)
+        .with_context(|| format!("path {}", opts.path.display()))?;
+    if !path.is_dir() {
+        bail!("path {} is not a directory", path.display());
+    }
+    let probe_dir = match &opts.probe_dir {
+        Some(p) if p.is_absolute() => p.clone(),
+        Some(p) => std::env::current_dir().context("current directory")?.join(p),
+        None => path.join(CHECK_DIR_NAME),
+    };
+    if probe_dir.ends_with(PROBE_DIR_NAME) {
+        bail!(
+            "{} is the daemon's probe directory; give check its own --probe-dir",
+            probe_dir.display()
+        );
+    }
+    check_probe_dir(&path, &probe_dir).map_err(|m| anyhow::anyhow!(m))?;
+    let fs = fsinfo::lookup(&path, &Roots::default());
+    let (mut engine, fallback) = Engine::new(opts.engine)?;
+    install_signal_handlers();
+
+    let dir = ProbeDir::open(&probe_dir)?;
+    let result = measure(opts, &dir, &mut engine);
+    let problems = dir.remove_all();
+    for p in problems {
+        tracing::error!(problem = %p, "could not remove probe file");
+    }
+    let m = result?;
+
+    let observed = Observed {
+        fstype: &fs.fstype,
+        sync_method: opts.sync_method,
+        write: stats(&m.write),
+        sync: stats(&m.sync),
+        commit: stats(&m.commit),
+        read: stats(&m.read),
+        reads_total: m.read.len(),
+        cache_served_reads: m.cache_served,
+    };
+    let warnings = verdict::warnings(&observed);
+    let commit = observed.commit;
+    Ok(Report {
+        path,
+        probe_dir,
+        fstype: fs.fstype.clone(),
+        device: fs.device,
+        majmin: fs.majmin,
+        engine: engine.kind(),
+        engine_fallback_reason: fallback,
+        sync_method: opts.sync_method,
+        duration_seconds: m.elapsed.as_secs_f64(),
+        write: observed.write,
+        sync: observed.sync,
+        commit,
+        read: observed.read,
+        errors: m.errors,
+        reads_total: observed.reads_total,
+        cache_served_reads: m.cache_served,
+        commit_ceiling_p50_per_second: commit.and_then(|c| commit_ceiling(c.p50)),
+        commit_ceiling_p99_per_second: commit.and_then(|c| commit_ceiling(c.p99)),
+        warnings,
+        interrupted: INTERRUPTED.load(Ordering::SeqCst),
+    })
+}
+
+struct Measured {
+    write: Histogram<u64>,
+    sync: Histogram<u64>,
+    commit: Histogram<u64>,
+    read: Histogram<u64>,
+    cache_served: u64,
+    errors: Vec<String>,
+    elapsed: Duration,
+}
+
+fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::Result<Measured> {
+    let mut m = Measured {
+        write: new_hist()?,
+        sync: new_hist()?,
+        commit: new_hist()?,
+        read: new_hist()?,
+        cache_served: 0,
+        errors: Vec::new(),
+        elapsed: Duration::ZERO,
+    };
+    let phases = u32::from(opts.commit) + u32::from(opts.read);
+    if phases == 0 {
+        bail!("nothing to do: both --no-commit and --no-read given");
+    }
+    let phase = opts.duration / phases;
+    let start = Instant::now();
+    let stopped = || INTERRUPTED.load(Ordering::SeqCst);
+    let note_error = |e: String, errors: &mut Vec<String>| {
+        if errors.len() < 10 {
+            errors.push(e);
+        }
+    };
+
+    if opts.commit {
+        let wal = dir.create_wal_file(WAL_FILE_SIZE, opts.sync_method, opts.free_space_reserve)?;
+        let blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
+        let t0 = Instant::now();
+        let mut block = 0u64;
+        while t0.elapsed() < phase && !stopped() {
+            match engine.commit(raw(&wal), block * BLOCK_SIZE as u64, opts.sync_method) {
+                Ok(t) => {
+                    record(&mut m.write, t.write);
+                    if let Some(s) = t.sync {
+                        record(&mut m.sync, s);
+                    }
+                    record(&mut m.commit, t.commit);
+                }
+                Err(f) => note_error(f.to_string(), &mut m.errors),
+            }
+            block = (block + 1) % blocks;
+            if engine.is_poisoned() {
+                bail!("the IO engine failed; see errors above");
+            }
+        }
+    }
+    if opts.read && !stopped() {
+        let read = dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?;
+        let blocks = opts.read_file_size / BLOCK_SIZE as u64;
+        let mut rng = Rng::seeded();
+        let t0 = Instant::now();
+        while t0.elapsed() < phase && !stopped() {
+            match engine.read(raw(&read), rng.below(blocks) * BLOCK_SIZE as u64) {
+                Ok(d) => {
+                    record(&mut m.read, d);
+                    if d < opts.cache_served_threshold {
+                        m.cache_served += 1;
+                    }
+                }
+                Err(f) => note_error(f.to_string(), &mut m.errors),
+            }
+            if engine.is_poisoned() {
+                bail!("the IO engine failed; see errors above");
+            }
+        }
+    }
+    m.elapsed = start.elapsed();
+    Ok(m)
+}
+
+fn fmt_rate(r: f64) -> String {
+    let n = r.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn render_text(r: &Report) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "pg-storage-exporter check {}", r.path.display());
+    let _ = writeln!(
+        o,
+        "  filesystem   {} on {} ({})",
+        r.fstype,
+        r.device,
+        if r.majmin.is_empty() { "?" } else { &r.majmin }
+    );
+    let _ = write!(o, "  engine       {}", r.engine);
+    if let Some(reason) = &r.engine_fallback_reason {
+        let _ = write!(o, " (io_uring unavailable: {reason})");
+    }
+    let _ = writeln!(o);
+    let how = if r.sync_method.has_sync_call() {
+        format!("8 KiB write, then {} (PostgreSQL wal_sync_method = {})", r.sync_method, r.sync_method)
+    } else {
+        format!("8 KiB write to a file opened {} (wal_sync_method = {})",
+            if r.sync_method == SyncMethod::OpenDatasync { "O_DSYNC" } else { "O_SYNC" },
+            r.sync_method)
+    };
+    let _ = writeln!(o, "  sync method  {how}");
+    let _ = writeln!(o, "  ran          {:.1} s, queue depth 1", r.duration_seconds);
+    let _ = writeln!(o);
+    let _ = writeln!(
+        o,
+        "  {:<7}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
+        "op", "count", "p50", "p90", "p99", "p99.9", "max", "mean"
+    );
+    for (name, s) in [("write", r.write), ("sync", r.sync), ("commit", r.commit), ("read", r.read)] {
+        if let Some(s) = s {
+            let _ = writeln!(
+                o,
+                "  {:<7}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
+                name,
+                s.count,
+                fmt_seconds(s.p50),
+                fmt_seconds(s.p90),
+                fmt_seconds(s.p99),
+                fmt_seconds(s.p999),
+                fmt_seconds(s.max),
+                fmt_seconds(s.mean)
+            );
+        }
+    }
+    let _ = writeln!(o);
+    match (r.commit_ceiling_p50_per_second, r.commit_ceiling_p99_per_second) {
+        (Some(p50), Some(p99)) => {
+            let _ = writeln!(
+                o,
+                "  commit ceiling, one client: {} commits/s at p50 latency, {} commits/s at p99",
+                fmt_rate(p50),
+                fmt_rate(p99)
+            );
+            let _ = writeln!(
+                o,
+                "    (1 / (WAL write + sync); statement work and network round trips come on top,\n     group commit lets many clients together go higher)"
+            );
+        }
+        _ => {
+            let _ = writeln!(o, "  commit ceiling: not measured");
+        }
+    }
+    if r.reads_total > 0 {
+        let _ = writeln!(
+            o,
+            "  reads served by a cache below the OS: {} of {}",
+            r.cache_served_reads, r.reads_total
+        );
+    }
+    for e in &r.errors {
+        let _ = writeln!(o, "  error: {e}");
+    }
+    let _ = writeln!(o);
+    if r.interrupted {
+        let _ = writeln!(o, "  interrupted: figures cover only the time before the signal");
+    }
+    if r.warnings.is_empty() {
+        let _ = writeln!(o, "verdict: OK, no warnings");
+    } else {
+        let _ = writeln!(o, "verdict: {} warning(s)", r.warnings.len());
+        for w in &r.warnings {
+            let _ = writeln!(o, "  ! [{}] {}", w.code, w.message);
+        }
+    }
+    o
+}
+
+pub fn render_json(r: &Report) -> anyhow::Result<String> {
+    serde_json::to_string_pretty(r).context("encoding JSON")
+}
+
+/// Exposed for tests: the probe directory `check` uses for a path.
+pub fn default_probe_dir(path: &Path) -> PathBuf {
+    path.join(CHECK_DIR_NAME)
+}

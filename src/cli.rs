@@ -1,0 +1,243 @@
+//! Command line, in the Prometheus exporter convention (`--web.*`,
+//! `--log.*`, `--config.file`), plus the one-shot `check` subcommand.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::config::units::{parse_bytes, parse_duration};
+use crate::types::{EngineChoice, SyncMethod};
+
+/// Default port: not used by any well-known exporter (node 9100, postgres
+/// 9187, and the others on Prometheus' port allocation list we checked).
+pub const DEFAULT_PORT: u16 = 9847;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pg-storage-exporter",
+    version,
+    about = "Measures the IO PostgreSQL commits and reads with (WAL write+sync, 8 KiB O_DIRECT reads) \
+             and serves it as Prometheus metrics.",
+    long_about = None,
+    after_help = "Without --config.file or --probe.path it probes /var/tmp (probe files in \
+                  /var/tmp/pg-storage-exporter-probe) and listens on :9847.\n\
+                  One-shot verdict for a directory: pg-storage-exporter check PATH"
+)]
+pub struct Cli {
+    /// Address to listen on for HTTP (metrics, /healthz, landing page).
+    #[arg(long = "web.listen-address", default_value = ":9847", value_name = "[HOST]:PORT")]
+    pub listen_address: String,
+
+    /// Path under which metrics are exposed.
+    #[arg(long = "web.telemetry-path", default_value = "/metrics", value_name = "PATH")]
+    pub telemetry_path: String,
+
+    /// TOML configuration file (see config/example.toml).
+    #[arg(long = "config.file", value_name = "FILE")]
+    pub config_file: Option<PathBuf>,
+
+    /// Minimum level of log messages.
+    #[arg(long = "log.level", default_value = "info", value_enum)]
+    pub log_level: LogLevel,
+
+    /// Log line format.
+    #[arg(long = "log.format", default_value = "logfmt", value_enum)]
+    pub log_format: LogFormat,
+
+    /// Probe a directory: [NAME=]PATH, repeatable. NAME defaults to the
+    /// directory's last component. Added to volumes from --config.file.
+    #[arg(long = "probe.path", value_name = "[NAME=]PATH")]
+    pub probe_paths: Vec<String>,
+
+    /// IO engine for --probe.path volumes.
+    #[arg(long = "probe.engine", value_enum)]
+    pub engine: Option<EngineArg>,
+
+    /// wal_sync_method the WAL probe imitates, for --probe.path volumes.
+    #[arg(long = "probe.sync-method", value_enum)]
+    pub sync_method: Option<SyncMethodArg>,
+
+    /// Time between probe rounds for --probe.path volumes (e.g. 1s, 250ms).
+    #[arg(long = "probe.interval", value_parser = parse_duration, value_name = "DURATION")]
+    pub interval: Option<Duration>,
+
+    /// Size of the read probe file for --probe.path volumes (e.g. 64MiB).
+    #[arg(long = "probe.read-file-size", value_parser = parse_bytes, value_name = "SIZE")]
+    pub read_file_size: Option<u64>,
+
+    /// Free space that must remain after creating probe files (e.g. 1GiB).
+    #[arg(long = "probe.free-space-reserve", value_parser = parse_bytes, value_name = "SIZE")]
+    pub free_space_reserve: Option<u64>,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Probe one directory for a while and print a verdict.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Directory on the volume to check (probe files go in a subdirectory).
+    pub path: PathBuf,
+
+    /// Total run time, split evenly between commit and read probes.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub duration: Duration,
+
+    /// Output format.
+    #[arg(long, default_value = "text", value_enum)]
+    pub format: OutputFormat,
+
+    /// wal_sync_method to imitate.
+    #[arg(long = "sync-method", default_value = "fdatasync", value_enum)]
+    pub sync_method: SyncMethodArg,
+
+    /// IO engine.
+    #[arg(long, default_value = "auto", value_enum)]
+    pub engine: EngineArg,
+
+    /// Size of the read probe file; make it larger than any cache you want
+    /// the reads to miss.
+    #[arg(long = "read-file-size", default_value = "64MiB", value_parser = parse_bytes)]
+    pub read_file_size: u64,
+
+    /// Free space that must remain after creating the probe files.
+    #[arg(long = "free-space-reserve", default_value = "1GiB", value_parser = parse_bytes)]
+    pub free_space_reserve: u64,
+
+    /// Probe directory (default PATH/pg-storage-exporter-check).
+    #[arg(long = "probe-dir")]
+    pub probe_dir: Option<PathBuf>,
+
+    /// Reads faster than this are counted as served by a cache.
+    #[arg(long = "cache-served-threshold", default_value = "5us", value_parser = parse_duration)]
+    pub cache_served_threshold: Duration,
+
+    /// Skip the commit probe.
+    #[arg(long = "no-commit")]
+    pub no_commit: bool,
+
+    /// Skip the read probe.
+    #[arg(long = "no-read")]
+    pub no_read: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum LogFormat {
+    Logfmt,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum OutputFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum EngineArg {
+    Auto,
+    #[value(name = "io_uring")]
+    IoUring,
+    Sync,
+}
+
+impl From<EngineArg> for EngineChoice {
+    fn from(e: EngineArg) -> Self {
+        match e {
+            EngineArg::Auto => EngineChoice::Auto,
+            EngineArg::IoUring => EngineChoice::IoUring,
+            EngineArg::Sync => EngineChoice::Sync,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum SyncMethodArg {
+    Fdatasync,
+    Fsync,
+    #[value(name = "open_datasync")]
+    OpenDatasync,
+    #[value(name = "open_sync")]
+    OpenSync,
+}
+
+impl From<SyncMethodArg> for SyncMethod {
+    fn from(s: SyncMethodArg) -> Self {
+        match s {
+            SyncMethodArg::Fdatasync => SyncMethod::Fdatasync,
+            SyncMethodArg::Fsync => SyncMethod::Fsync,
+            SyncMethodArg::OpenDatasync => SyncMethod::OpenDatasync,
+            SyncMethodArg::OpenSync => SyncMethod::OpenSync,
+        }
+    }
+}
+
+/// Parses `[HOST]:PORT` the way exporters do: `:9847` means every IPv4
+/// interface.
+pub fn parse_listen(addr: &str) -> Result<std::net::SocketAddr, String> {
+    let full = if addr.starts_with(':') {
+        format!("0.0.0.0{addr}")
+    } else {
+        addr.to_string()
+    };
+    use std::net::ToSocketAddrs;
+    full.to_socket_addrs()
+        .map_err(|e| format!("--web.listen-address {addr:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--web.listen-address {addr:?}: resolves to no address"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen(":9847").unwrap().to_string(), "0.0.0.0:9847");
+        assert_eq!(parse_listen("127.0.0.1:0").unwrap().to_string(), "127.0.0.1:0");
+        assert_eq!(parse_listen("[::1]:9847").unwrap().to_string(), "[::1]:9847");
+        assert!(parse_listen("9847").unwrap_err().contains("--web.listen-address \"9847\""));
+    }
+
+    #[test]
+    fn flags_parse() {
+        use clap::Parser;
+        let c = Cli::try_parse_from([
+            "x",
+            "--probe.path",
+            "wal=/srv",
+            "--probe.engine",
+            "io_uring",
+            "--probe.interval",
+            "250ms",
+            "check",
+            "/tmp",
+            "--duration",
+            "2s",
+            "--format",
+            "json",
+        ])
+        .unwrap();
+        assert_eq!(c.engine, Some(EngineArg::IoUring));
+        assert_eq!(c.interval, Some(Duration::from_millis(250)));
+        let Some(Command::Check(a)) = c.command else { panic!() };
+        assert_eq!(a.duration, Duration::from_secs(2));
+        assert_eq!(a.format, OutputFormat::Json);
+        let e = Cli::try_parse_from(["x", "--probe.interval", "5"]).unwrap_err().to_string();
+        assert!(e.contains("a unit is required"), "{e}");
+    }
+}

@@ -1,0 +1,102 @@
+//! HTTP: metrics, health and a landing page. Handlers only encode what is in
+//! memory; they never touch a disk or PostgreSQL, so a scrape is fast even
+//! while a probe is stuck in a sync.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+
+use crate::metrics::{Format, Metrics};
+use crate::probe::state::VolumeState;
+
+#[derive(Debug)]
+pub struct AppState {
+    pub metrics: Arc<Metrics>,
+    pub telemetry_path: String,
+    pub volumes: Vec<Arc<VolumeState>>,
+}
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let path = state.telemetry_path.clone();
+    Router::new()
+        .route(&path, get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/", get(landing))
+        .with_state(state)
+}
+
+async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
+    match s.metrics.encode(format) {
+        Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "encoding metrics failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed\n").into_response()
+        }
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
+    let now = Instant::now();
+    let mut rows = String::new();
+    for v in &s.volumes {
+        let snap = v.snapshot(now, &[0.5, 0.99]);
+        let q = |i: usize, k: usize| {
+            snap.quantiles[i]
+                .as_ref()
+                .and_then(|q| q.get(k))
+                .map(|x| crate::model::verdict::fmt_seconds(*x))
+                .unwrap_or_else(|| "-".to_string())
+        };
+        let probes = match (v.commit_probe, v.read_probe) {
+            (true, true) => "commit, read",
+            (true, false) => "commit",
+            (false, true) => "read",
+            _ => "",
+        };
+        let _ = write!(
+            rows,
+            "<tr><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{} / {}</td></tr>",
+            esc(&v.name),
+            esc(&v.path.display().to_string()),
+            esc(&snap.fs.device),
+            esc(&snap.fs.fstype),
+            snap.engine.map(|e| e.as_str()).unwrap_or("starting"),
+            if v.commit_probe { v.sync_method.as_str() } else { "-" },
+            probes,
+            q(crate::types::Op::Commit.index(), 0),
+            q(crate::types::Op::Commit.index(), 1),
+            q(crate::types::Op::Read.index(), 0),
+            q(crate::types::Op::Read.index(), 1),
+        );
+    }
+    let path = esc(&s.telemetry_path);
+    Html(format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>pg-storage-exporter</title>\
+         <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:left}}</style></head><body>\
+         <h1>pg-storage-exporter {version}</h1>\
+         <p>Measures the IO PostgreSQL commits and reads with, per volume.</p>\
+         <ul><li><a href=\"{path}\">{path}</a> metrics</li><li><a href=\"/healthz\">/healthz</a></li></ul>\
+         <h2>Volumes</h2><table><tr><th>volume</th><th>path</th><th>device (fs)</th><th>engine</th>\
+         <th>sync method</th><th>probes</th><th>commit p50 / p99</th><th>read p50 / p99</th></tr>{rows}</table>\
+         </body></html>",
+        version = env!("CARGO_PKG_VERSION"),
+    ))
+}

@@ -1,0 +1,99 @@
+//! Prometheus metrics: each component registers what it owns
+//! (`register(&mut Registry) -> Self`), and scrapes only encode what is
+//! already in memory. Nothing here does IO or waits on a disk.
+
+pub mod buckets;
+pub mod probe;
+
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+
+use crate::probe::state::VolumeState;
+
+pub const PREFIX: &str = "pgstorage";
+
+/// Wire format of a scrape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// `application/openmetrics-text; version=1.0.0` (what Prometheus asks for).
+    OpenMetrics,
+    /// `text/plain; version=0.0.4` (curl, older scrapers).
+    Prometheus,
+}
+
+impl Format {
+    /// Picks the format from an HTTP `Accept` header.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Prometheus,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        }
+    }
+}
+
+/// Everything the exporter exposes.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    pub probe: probe::ProbeMetrics,
+}
+
+impl Metrics {
+    pub fn new(volumes: Vec<Arc<VolumeState>>) -> Metrics {
+        let mut registry = Registry::default();
+        let probe = probe::ProbeMetrics::register(&mut registry, volumes);
+        registry.register_collector(Box::new(BuildInfo));
+        Metrics { registry, probe }
+    }
+
+    /// Encodes the current state.
+    pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
+        let mut out = String::with_capacity(64 * 1024);
+        match format {
+            Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &self.registry)?,
+            Format::Prometheus => {
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `pgstorage_build_info`: constant 1 with the version, for dashboards
+/// that show which build produced a series.
+#[derive(Debug)]
+struct BuildInfo;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    target_arch: &'static str,
+}
+
+impl prometheus_client::collector::Collector for BuildInfo {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let mut m = encoder.encode_descriptor(
+            "pgstorage_build_info",
+            "Always 1; labels identify the exporter build.",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        let labels = BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+            target_arch: std::env::consts::ARCH,
+        };
+        m.encode_family(&labels)?.encode_gauge(&1i64)?;
+        Ok(())
+    }
+}

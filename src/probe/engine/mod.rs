@@ -1,0 +1,114 @@
+//! IO engines: how a probe submits its IO.
+//!
+//! io_uring is what modern PostgreSQL (18's `io_method = io_uring`) and fio
+//! use; it lets the write and the sync be submitted as one linked chain. Some
+//! hosts forbid it (container seccomp profiles, `kernel.io_uring_disabled`),
+//! so plain syscalls are always available as the fallback and give the same
+//! latencies within noise: the device, not the submission path, dominates.
+
+pub mod syscall;
+pub mod uring;
+
+use std::os::fd::RawFd;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use crate::probe::IoFailure;
+use crate::types::{EngineChoice, EngineKind, SyncMethod};
+
+/// Timings of one commit probe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CommitTiming {
+    pub write: Duration,
+    /// `None` when the sync method has no separate sync call.
+    pub sync: Option<Duration>,
+    pub commit: Duration,
+}
+
+/// io_uring was required but cannot be used.
+#[derive(Debug, Error)]
+#[error("io_uring is not available: {reason}")]
+pub struct EngineUnavailable {
+    pub reason: String,
+}
+
+/// An engine ready to probe, owning its buffers (so that IO still in flight
+/// when something goes wrong can never write into freed memory).
+#[derive(Debug)]
+pub enum Engine {
+    IoUring(uring::UringEngine),
+    Sync(syscall::SyncEngine),
+}
+
+impl Engine {
+    /// Builds the engine for `choice`. With `auto`, falls back to syscalls
+    /// and returns why in the second field, for the log.
+    pub fn new(choice: EngineChoice) -> Result<(Engine, Option<String>), EngineUnavailable> {
+        match choice {
+            EngineChoice::Sync => Ok((Engine::Sync(syscall::SyncEngine::new()), None)),
+            EngineChoice::IoUring => uring::UringEngine::new()
+                .map(|e| (Engine::IoUring(e), None))
+                .map_err(|reason| EngineUnavailable { reason }),
+            EngineChoice::Auto => match uring::UringEngine::new() {
+                Ok(e) => Ok((Engine::IoUring(e), None)),
+                Err(reason) => Ok((Engine::Sync(syscall::SyncEngine::new()), Some(reason))),
+            },
+        }
+    }
+
+    pub fn kind(&self) -> EngineKind {
+        match self {
+            Engine::IoUring(_) => EngineKind::IoUring,
+            Engine::Sync(_) => EngineKind::Sync,
+        }
+    }
+
+    /// Writes the next 8 KiB block at `offset` of the WAL probe file and
+    /// makes it durable the way `method` says.
+    pub fn commit(
+        &mut self,
+        fd: RawFd,
+        offset: u64,
+        method: SyncMethod,
+    ) -> Result<CommitTiming, IoFailure> {
+        match self {
+            Engine::IoUring(e) => e.commit(fd, offset, method),
+            Engine::Sync(e) => e.commit(fd, offset, method),
+        }
+    }
+
+    /// One 8 KiB `O_DIRECT` read at `offset`.
+    pub fn read(&mut self, fd: RawFd, offset: u64) -> Result<Duration, IoFailure> {
+        match self {
+            Engine::IoUring(e) => e.read(fd, offset),
+            Engine::Sync(e) => e.read(fd, offset),
+        }
+    }
+
+    /// True when the engine can no longer be trusted (io_uring state lost)
+    /// and must be rebuilt.
+    pub fn is_poisoned(&self) -> bool {
+        match self {
+            Engine::IoUring(e) => e.is_poisoned(),
+            Engine::Sync(_) => false,
+        }
+    }
+}
+
+/// Checks that io_uring can be used, for a fail-fast start when a volume
+/// requires it.
+pub fn require(choice: EngineChoice) -> Result<(), EngineUnavailable> {
+    if choice == EngineChoice::IoUring {
+        uring::UringEngine::new().map(drop).map_err(|reason| EngineUnavailable { reason })?;
+    }
+    Ok(())
+}
+
+/// Fills the payload of the next WAL block: random bytes (so compression
+/// and dedup cannot skip the write) stamped with a sequence number.
+pub(crate) fn stamp(buf: &mut [u8], seq: u64) {
+    if buf.len() >= 8 {
+        buf[..8].copy_from_slice(&seq.to_le_bytes());
+    }
+}

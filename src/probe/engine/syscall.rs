@@ -1,0 +1,119 @@
+//! Fallback engine: pwrite + fdatasync/fsync, and pread on an `O_DIRECT`
+//! descriptor. Exactly the calls PostgreSQL makes for WAL with the default
+//! `io_method` before 18 and `wal_sync_method = fdatasync`.
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use crate::config::BLOCK_SIZE;
+use crate::probe::files::AlignedBuf;
+use crate::probe::{Cause, IoFailure, Rng};
+use crate::types::{Op, SyncMethod};
+
+#[derive(Debug)]
+pub struct SyncEngine {
+    write_buf: Vec<u8>,
+    read_buf: AlignedBuf,
+    seq: u64,
+}
+
+impl Default for SyncEngine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn retry_eintr(mut f: impl FnMut() -> isize) -> Result<isize, i32> {
+    loop {
+        let r = f();
+        if r >= 0 {
+            return Ok(r);
+        }
+        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    }
+}
+
+impl SyncEngine {
+    pub fn new() -> SyncEngine {
+        let mut write_buf = vec![0u8; BLOCK_SIZE];
+        Rng::seeded().fill(&mut write_buf);
+        SyncEngine {
+            write_buf,
+            read_buf: AlignedBuf::new(BLOCK_SIZE),
+            seq: 0,
+        }
+    }
+
+    pub fn commit(
+        &mut self,
+        fd: RawFd,
+        offset: u64,
+        method: SyncMethod,
+    ) -> Result<super::CommitTiming, IoFailure> {
+        self.seq += 1;
+        super::stamp(&mut self.write_buf, self.seq);
+        let fail = |op, cause| IoFailure { op, cause };
+        let t0 = Instant::now();
+        // SAFETY: write_buf is valid for BLOCK_SIZE bytes for the whole call.
+        let n = retry_eintr(|| unsafe {
+            libc::pwrite(
+                fd,
+                self.write_buf.as_ptr().cast(),
+                BLOCK_SIZE,
+                offset as libc::off_t,
+            )
+        })
+        .map_err(|e| fail(Op::Write, Cause::Errno(e)))?;
+        let t1 = Instant::now();
+        if n as usize != BLOCK_SIZE {
+            return Err(fail(Op::Write, Cause::Short));
+        }
+        if !method.has_sync_call() {
+            let d = t1 - t0;
+            return Ok(super::CommitTiming {
+                write: d,
+                sync: None,
+                commit: d,
+            });
+        }
+        // SAFETY: fd is a valid descriptor for the call's duration.
+        retry_eintr(|| unsafe {
+            (if method == SyncMethod::Fdatasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }) as isize
+        })
+        .map_err(|e| fail(Op::Sync, Cause::Errno(e)))?;
+        let t2 = Instant::now();
+        Ok(super::CommitTiming {
+            write: t1 - t0,
+            sync: Some(t2 - t1),
+            commit: t2 - t0,
+        })
+    }
+
+    pub fn read(&mut self, fd: RawFd, offset: u64) -> Result<Duration, IoFailure> {
+        let buf = self.read_buf.as_mut_ptr();
+        let t0 = Instant::now();
+        // SAFETY: read_buf is an aligned allocation of BLOCK_SIZE bytes owned by self.
+        let n = retry_eintr(|| unsafe {
+            libc::pread(fd, buf.cast(), BLOCK_SIZE, offset as libc::off_t)
+        })
+        .map_err(|e| IoFailure {
+            op: Op::Read,
+            cause: Cause::Errno(e),
+        })?;
+        let d = t0.elapsed();
+        if n as usize != BLOCK_SIZE {
+            return Err(IoFailure {
+                op: Op::Read,
+                cause: Cause::Short,
+            });
+        }
+        Ok(d)
+    }
+}

@@ -1,0 +1,295 @@
+//! io_uring engine.
+//!
+//! A commit probe is one submission of two linked SQEs: the 8 KiB write and
+//! an fsync with `IORING_FSYNC_DATASYNC` (fdatasync) or without it (fsync).
+//! The link makes the kernel start the sync only after the write succeeded,
+//! as PostgreSQL's `XLogWrite` → `issue_xlog_fsync` does. Each completion is
+//! timestamped when reaped, which splits the commit into write and sync; the
+//! commit total is exact, the split is accurate to one wakeup.
+//!
+//! The engine owns its buffers and never returns while an SQE that points at
+//! them may still be in flight; if the ring itself fails mid-operation it is
+//! poisoned and leaked together with the buffers rather than freed.
+
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use io_uring::{IoUring, opcode, squeue, types};
+
+use crate::config::BLOCK_SIZE;
+use crate::probe::files::AlignedBuf;
+use crate::probe::{Cause, IoFailure, Rng};
+use crate::types::{Op, SyncMethod};
+
+const WRITE: u64 = 1;
+const SYNC: u64 = 2;
+const READ: u64 = 3;
+
+pub struct UringEngine {
+    ring: Option<IoUring>,
+    write_buf: AlignedBuf,
+    read_buf: AlignedBuf,
+    seq: u64,
+    poisoned: bool,
+}
+
+impl std::fmt::Debug for UringEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UringEngine")
+            .field("seq", &self.seq)
+            .field("poisoned", &self.poisoned)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why io_uring could not be set up, in words an operator can act on.
+fn explain(e: &std::io::Error) -> String {
+    let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .ok()
+        .and_then(|s| s.trim().parse::<u8>().ok());
+    match (e.raw_os_error(), disabled) {
+        (Some(libc::ENOSYS), _) => {
+            "io_uring_setup returned ENOSYS: the kernel lacks io_uring or a seccomp profile hides it"
+                .to_string()
+        }
+        (Some(libc::EPERM), Some(2)) => {
+            "io_uring_setup returned EPERM: disabled by sysctl kernel.io_uring_disabled=2".to_string()
+        }
+        (Some(libc::EPERM), Some(1)) => "io_uring_setup returned EPERM: kernel.io_uring_disabled=1 \
+             and this process is not in kernel.io_uring_group"
+            .to_string(),
+        (Some(libc::EPERM), _) => {
+            "io_uring_setup returned EPERM: blocked by a seccomp profile or LSM (common in containers)"
+                .to_string()
+        }
+        (Some(libc::ENOMEM), _) => {
+            "io_uring_setup returned ENOMEM: RLIMIT_MEMLOCK too low for the ring".to_string()
+        }
+        _ => format!("io_uring_setup failed: {e}"),
+    }
+}
+
+impl UringEngine {
+    pub fn new() -> Result<UringEngine, String> {
+        if std::env::var_os("PG_STORAGE_EXPORTER_DISABLE_IO_URING").is_some() {
+            return Err("disabled by PG_STORAGE_EXPORTER_DISABLE_IO_URING".to_string());
+        }
+        let ring = IoUring::new(4).map_err(|e| explain(&e))?;
+        let mut write_buf = AlignedBuf::new(BLOCK_SIZE);
+        Rng::seeded().fill(write_buf.as_mut_slice());
+        Ok(UringEngine {
+            ring: Some(ring),
+            write_buf,
+            read_buf: AlignedBuf::new(BLOCK_SIZE),
+            seq: 0,
+            poisoned: false,
+        })
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned
+    }
+
+    /// Poisons the engine: the kernel may still own our buffers, so they
+    /// and the ring are leaked (a few KiB, once per failure of the ring).
+    fn poison(&mut self, op: Op, errno: i32) -> IoFailure {
+        self.poisoned = true;
+        if let Some(ring) = self.ring.take() {
+            std::mem::forget(ring);
+        }
+        let w = std::mem::replace(&mut self.write_buf, AlignedBuf::new(BLOCK_SIZE));
+        let r = std::mem::replace(&mut self.read_buf, AlignedBuf::new(BLOCK_SIZE));
+        std::mem::forget(w);
+        std::mem::forget(r);
+        IoFailure {
+            op,
+            cause: Cause::Errno(errno),
+        }
+    }
+
+    /// Submits what is queued and reaps `want` completions, returning
+    /// (user_data, result, reap time) in completion order.
+    fn run(&mut self, op: Op, want: usize) -> Result<Vec<(u64, i32, Instant)>, IoFailure> {
+        let mut out = Vec::with_capacity(want);
+        let mut submitted = false;
+        while out.len() < want {
+            let Some(ring) = self.ring.as_mut() else {
+                return Err(IoFailure {
+                    op,
+                    cause: Cause::Errno(libc::EBADF),
+                });
+            };
+            let r = if submitted {
+                ring.submitter().submit_and_wait(1)
+            } else {
+                ring.submit_and_wait(1)
+            };
+            match r {
+                Ok(_) => submitted = true,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                    // The SQEs were consumed if the kernel got that far; the
+                    // next enter only waits.
+                    submitted = ring.submission().is_empty();
+                    continue;
+                }
+                Err(e) => {
+                    let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                    return Err(self.poison(op, errno));
+                }
+            }
+            let now = Instant::now();
+            let Some(ring) = self.ring.as_mut() else {
+                continue;
+            };
+            for cqe in ring.completion() {
+                out.push((cqe.user_data(), cqe.result(), now));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn commit(
+        &mut self,
+        fd: RawFd,
+        offset: u64,
+        method: SyncMethod,
+    ) -> Result<super::CommitTiming, IoFailure> {
+        self.seq += 1;
+        super::stamp(self.write_buf.as_mut_slice(), self.seq);
+        let with_sync = method.has_sync_call();
+        let write = opcode::Write::new(types::Fd(fd), self.write_buf.as_ptr(), BLOCK_SIZE as u32)
+            .offset(offset)
+            .build()
+            .user_data(WRITE);
+        let Some(ring) = self.ring.as_mut() else {
+            return Err(IoFailure {
+                op: Op::Write,
+                cause: Cause::Errno(libc::EBADF),
+            });
+        };
+        {
+            let mut sq = ring.submission();
+            let pushed = if with_sync {
+                let flags = if method == SyncMethod::Fdatasync {
+                    types::FsyncFlags::DATASYNC
+                } else {
+                    types::FsyncFlags::empty()
+                };
+                let sync = opcode::Fsync::new(types::Fd(fd))
+                    .flags(flags)
+                    .build()
+                    .user_data(SYNC);
+                // SAFETY: the buffer is owned by self and outlives the IO:
+                // run() does not return before both completions are reaped,
+                // and on ring failure the buffer is leaked, never freed.
+                unsafe { sq.push_multiple(&[write.flags(squeue::Flags::IO_LINK), sync]) }
+            } else {
+                // SAFETY: as above.
+                unsafe { sq.push(&write) }
+            };
+            if pushed.is_err() {
+                return Err(IoFailure {
+                    op: Op::Write,
+                    cause: Cause::Errno(libc::EBUSY),
+                });
+            }
+        }
+        let t0 = Instant::now();
+        let mut done = self.run(Op::Commit, if with_sync { 2 } else { 1 })?;
+        // A failed write cancels the linked sync (ECANCELED): report the write.
+        done.sort_by_key(|&(ud, _, _)| ud);
+        let mut t_write = None;
+        let mut t_sync = None;
+        for (ud, res, at) in done {
+            match ud {
+                WRITE => {
+                    if res < 0 {
+                        return Err(IoFailure {
+                            op: Op::Write,
+                            cause: Cause::Errno(-res),
+                        });
+                    }
+                    if res as usize != BLOCK_SIZE {
+                        return Err(IoFailure {
+                            op: Op::Write,
+                            cause: Cause::Short,
+                        });
+                    }
+                    t_write = Some(at);
+                }
+                SYNC => {
+                    if res < 0 {
+                        return Err(IoFailure {
+                            op: Op::Sync,
+                            cause: Cause::Errno(-res),
+                        });
+                    }
+                    t_sync = Some(at);
+                }
+                _ => {}
+            }
+        }
+        let t1 = t_write.ok_or(IoFailure {
+            op: Op::Write,
+            cause: Cause::Errno(libc::EIO),
+        })?;
+        match (with_sync, t_sync) {
+            (true, Some(t2)) => Ok(super::CommitTiming {
+                write: t1 - t0,
+                sync: Some(t2.saturating_duration_since(t1)),
+                commit: t2 - t0,
+            }),
+            (true, None) => Err(IoFailure {
+                op: Op::Sync,
+                cause: Cause::Errno(libc::EIO),
+            }),
+            (false, _) => Ok(super::CommitTiming {
+                write: t1 - t0,
+                sync: None,
+                commit: t1 - t0,
+            }),
+        }
+    }
+
+    pub fn read(&mut self, fd: RawFd, offset: u64) -> Result<Duration, IoFailure> {
+        let read = opcode::Read::new(types::Fd(fd), self.read_buf.as_mut_ptr(), BLOCK_SIZE as u32)
+            .offset(offset)
+            .build()
+            .user_data(READ);
+        let Some(ring) = self.ring.as_mut() else {
+            return Err(IoFailure {
+                op: Op::Read,
+                cause: Cause::Errno(libc::EBADF),
+            });
+        };
+        // SAFETY: read_buf is owned by self, aligned for O_DIRECT and stays
+        // allocated until the completion is reaped (or forever if poisoned).
+        if unsafe { ring.submission().push(&read) }.is_err() {
+            return Err(IoFailure {
+                op: Op::Read,
+                cause: Cause::Errno(libc::EBUSY),
+            });
+        }
+        let t0 = Instant::now();
+        let done = self.run(Op::Read, 1)?;
+        let Some(&(_, res, at)) = done.first() else {
+            return Err(IoFailure {
+                op: Op::Read,
+                cause: Cause::Errno(libc::EIO),
+            });
+        };
+        if res < 0 {
+            return Err(IoFailure {
+                op: Op::Read,
+                cause: Cause::Errno(-res),
+            });
+        }
+        if res as usize != BLOCK_SIZE {
+            return Err(IoFailure {
+                op: Op::Read,
+                cause: Cause::Short,
+            });
+        }
+        Ok(at - t0)
+    }
+}

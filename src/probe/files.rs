@@ -1,0 +1,548 @@
+//! The probe directory and the two probe files in it.
+//!
+//! Safety rules (DESIGN.md): the directory is the exporter's own (created
+//! 0700, or an existing one owned by us and writable by nobody else), every
+//! file is opened relative to the directory's descriptor with `O_NOFOLLOW`
+//! so a symlink planted in it can never redirect a write, files are 0600,
+//! a free-space reserve is kept, and everything is removed at shutdown.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use thiserror::Error;
+
+use crate::config::{BLOCK_SIZE, units::fmt_bytes};
+use crate::probe::{Rng, errno_name};
+use crate::types::SyncMethod;
+
+pub const WAL_FILE: &str = "wal.probe";
+pub const READ_FILE: &str = "read.probe";
+pub const LOCK_FILE: &str = "lock";
+
+/// Why a volume's probe files could not be set up. The daemon retries with
+/// backoff; `check` reports it and exits non-zero.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    #[error("probe directory {}: {reason}", path.display())]
+    UnsafeDir { path: PathBuf, reason: String },
+    #[error("probe directory {} is in use by another pg-storage-exporter (pid {pid})", path.display())]
+    InUse { path: PathBuf, pid: String },
+    #[error(
+        "not creating {} ({}): {} free, and {} must stay free (free_space_reserve)",
+        path.display(), fmt_bytes(*needed), fmt_bytes(*available), fmt_bytes(*reserve)
+    )]
+    Reserve {
+        path: PathBuf,
+        needed: u64,
+        available: u64,
+        reserve: u64,
+    },
+    #[error(
+        "{}: the filesystem refuses O_DIRECT ({}); the read probe cannot bypass the page cache here",
+        path.display(), errno_name(*errno)
+    )]
+    DirectIoUnsupported { path: PathBuf, errno: i32 },
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{0}")]
+    Engine(#[from] crate::probe::engine::EngineUnavailable),
+    #[error("shutting down")]
+    Stopped,
+}
+
+impl SetupError {
+    /// Bounded `error` label for `pgstorage_probe_errors_total{op="setup"}`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            SetupError::UnsafeDir { .. } => "unsafe_dir",
+            SetupError::InUse { .. } => "in_use",
+            SetupError::Reserve { .. } => "free_space_reserve",
+            SetupError::DirectIoUnsupported { .. } => "no_direct_io",
+            SetupError::Io { source, .. } => errno_name(source.raw_os_error().unwrap_or(0)),
+            SetupError::Engine(_) => "io_uring_unavailable",
+            SetupError::Stopped => "stopped",
+        }
+    }
+}
+
+/// An open, locked probe directory.
+#[derive(Debug)]
+pub struct ProbeDir {
+    path: PathBuf,
+    dir: OwnedFd,
+    _lock: OwnedFd,
+    created: bool,
+    closed: AtomicBool,
+}
+
+fn cname(name: &str) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+impl ProbeDir {
+    /// Creates (0700) or opens the probe directory, takes its lock and
+    /// removes probe files a crashed run left behind.
+    pub fn open(path: &Path) -> Result<ProbeDir, SetupError> {
+        let io_err = |what, source| SetupError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        };
+        let unsafe_dir = |reason: String| SetupError::UnsafeDir {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let created = match std::fs::DirBuilder::new().mode(0o700).create(path) {
+            Ok(()) => true,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+            Err(e) => return Err(io_err("creating probe directory", e)),
+        };
+        let cpath = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| unsafe_dir("path contains a NUL byte".to_string()))?;
+        // SAFETY: cpath is a valid NUL-terminated string; the returned fd is checked.
+        let fd = unsafe {
+            libc::open(
+                cpath.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
+                    unsafe_dir("is a symlink or not a directory; refusing to follow it".to_string())
+                }
+                _ => io_err("opening probe directory", e),
+            });
+        }
+        // SAFETY: fd was just returned by open(2) and is owned by nobody else.
+        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+        let meta = File::from(dir.try_clone().map_err(|e| io_err("dup", e))?)
+            .metadata()
+            .map_err(|e| io_err("stat of probe directory", e))?;
+        // SAFETY: geteuid cannot fail.
+        let euid = unsafe { libc::geteuid() };
+        if meta.uid() != euid {
+            return Err(unsafe_dir(format!(
+                "owned by uid {}, not by this process (uid {euid}); refusing to write into it",
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o022 != 0 {
+            return Err(unsafe_dir(format!(
+                "mode {:o} lets other users write into it; chmod 0700 it or remove it",
+                meta.mode() & 0o7777
+            )));
+        }
+        let lock = openat(&dir, LOCK_FILE, libc::O_RDWR | libc::O_CREAT, 0o600)
+            .map_err(|e| io_err("opening lock file in", e))?;
+        // SAFETY: lock is a valid open fd.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let pid = std::fs::read_to_string(path.join(LOCK_FILE))
+                    .map(|s| s.trim().to_string())
+                    .unwrap_or_else(|_| "unknown".to_string());
+                return Err(SetupError::InUse {
+                    path: path.to_path_buf(),
+                    pid,
+                });
+            }
+            return Err(io_err("locking", e));
+        }
+        let mut lock_file = File::from(lock);
+        {
+            use std::io::Write;
+            let _ = lock_file.set_len(0);
+            let _ = writeln!(lock_file, "{}", std::process::id());
+        }
+        let pd = ProbeDir {
+            path: path.to_path_buf(),
+            dir,
+            _lock: OwnedFd::from(lock_file),
+            created,
+            closed: AtomicBool::new(false),
+        };
+        pd.remove_stale()?;
+        Ok(pd)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes probe files of an earlier run: we hold the lock, so whoever
+    /// created them is gone.
+    fn remove_stale(&self) -> Result<usize, SetupError> {
+        let mut removed = 0;
+        for name in [WAL_FILE, READ_FILE] {
+            match unlinkat(&self.dir, name) {
+                Ok(()) => {
+                    removed += 1;
+                    tracing::info!(file = %self.path.join(name).display(), "removed stale probe file of an earlier run");
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(source) => {
+                    return Err(SetupError::Io {
+                        what: "removing stale probe file",
+                        path: self.path.join(name),
+                        source,
+                    });
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Bytes available to this (unprivileged) user on the filesystem.
+    pub fn available_bytes(&self) -> io::Result<u64> {
+        // SAFETY: an all-zero statvfs is a valid out-parameter.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: dir is a valid fd and st a valid pointer.
+        cvt(unsafe { libc::fstatvfs(self.dir.as_raw_fd(), &mut st) })?;
+        Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+    }
+
+    fn check_reserve(&self, name: &str, needed: u64, reserve: u64) -> Result<(), SetupError> {
+        let available = self.available_bytes().map_err(|source| SetupError::Io {
+            what: "statvfs of",
+            path: self.path.clone(),
+            source,
+        })?;
+        if available < needed.saturating_add(reserve) {
+            return Err(SetupError::Reserve {
+                path: self.path.join(name),
+                needed,
+                available,
+                reserve,
+            });
+        }
+        Ok(())
+    }
+
+    fn create(&self, name: &str, size: u64, reserve: u64, fill: Fill) -> Result<(), SetupError> {
+        let path = self.path.join(name);
+        let io_err = |what, source| SetupError::Io {
+            what,
+            path: path.clone(),
+            source,
+        };
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(SetupError::Stopped);
+        }
+        self.check_reserve(name, size, reserve)?;
+        let fd = openat(
+            &self.dir,
+            name,
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+            0o600,
+        )
+        .map_err(|e| io_err("creating", e))?;
+        let mut f = File::from(fd);
+        let result = (|| -> io::Result<()> {
+            use std::io::Write;
+            let mut rng = Rng::seeded();
+            let mut chunk = vec![0u8; 1 << 20];
+            let mut left = size;
+            while left > 0 {
+                if self.closed.load(Ordering::SeqCst) {
+                    return Err(io::Error::from_raw_os_error(libc::ECANCELED));
+                }
+                let n = left.min(chunk.len() as u64) as usize;
+                if let Fill::Random = fill {
+                    rng.fill(&mut chunk[..n]);
+                }
+                f.write_all(&chunk[..n])?;
+                left -= n as u64;
+            }
+            // fsync, not fdatasync: the file's size and block map must be
+            // durable too, so later probe writes are pure data overwrites.
+            f.sync_all()?;
+            // Drop the pages we just wrote from the page cache: they are not
+            // what the probes should find there.
+            // SAFETY: f is a valid fd.
+            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            Ok(())
+        })();
+        if let Err(e) = result {
+            let _ = unlinkat(&self.dir, name);
+            if e.raw_os_error() == Some(libc::ECANCELED) {
+                return Err(SetupError::Stopped);
+            }
+            return Err(io_err("writing", e));
+        }
+        if self.closed.load(Ordering::SeqCst) {
+            // Shutdown cleaned the directory while we were writing.
+            let _ = unlinkat(&self.dir, name);
+            return Err(SetupError::Stopped);
+        }
+        Ok(())
+    }
+
+    /// Creates the WAL probe file: 16 MiB of zeros written and synced before
+    /// any timing, like a WAL segment PostgreSQL preallocated. `fallocate`
+    /// would leave unwritten extents whose first write costs a metadata
+    /// journal commit; appending would change the size on every write. Both
+    /// would time something PostgreSQL does not do on a recycled segment.
+    /// Returns it opened with the flags the sync method implies.
+    pub fn create_wal_file(
+        &self,
+        size: u64,
+        method: SyncMethod,
+        reserve: u64,
+    ) -> Result<File, SetupError> {
+        self.create(WAL_FILE, size, reserve, Fill::Zero)?;
+        let extra = match method {
+            SyncMethod::Fdatasync | SyncMethod::Fsync => 0,
+            SyncMethod::OpenDatasync => libc::O_DSYNC,
+            SyncMethod::OpenSync => libc::O_SYNC,
+        };
+        openat(&self.dir, WAL_FILE, libc::O_RDWR | extra, 0)
+            .map(File::from)
+            .map_err(|source| SetupError::Io {
+                what: "opening",
+                path: self.path.join(WAL_FILE),
+                source,
+            })
+    }
+
+    /// Creates the read probe file filled with random bytes (zeros would be
+    /// compressed away by btrfs/ZFS and never reach the device) and opens it
+    /// `O_DIRECT`.
+    pub fn create_read_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
+        self.create(READ_FILE, size, reserve, Fill::Random)?;
+        match openat(&self.dir, READ_FILE, libc::O_RDONLY | libc::O_DIRECT, 0) {
+            Ok(fd) => Ok(File::from(fd)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let _ = unlinkat(&self.dir, READ_FILE);
+                Err(SetupError::DirectIoUnsupported {
+                    path: self.path.join(READ_FILE),
+                    errno: libc::EINVAL,
+                })
+            }
+            Err(source) => Err(SetupError::Io {
+                what: "opening O_DIRECT",
+                path: self.path.join(READ_FILE),
+                source,
+            }),
+        }
+    }
+
+    /// Removes the probe files, the lock file and (if empty) the directory.
+    /// Safe to call while a probe thread still holds a file open: the blocks
+    /// are freed when the last descriptor closes, at exit at the latest.
+    pub fn remove_all(&self) -> Vec<String> {
+        self.closed.store(true, Ordering::SeqCst);
+        let mut problems = Vec::new();
+        for name in [WAL_FILE, READ_FILE, LOCK_FILE] {
+            match unlinkat(&self.dir, name) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => problems.push(format!("{}: {e}", self.path.join(name).display())),
+            }
+        }
+        match std::fs::remove_dir(&self.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            // A directory the user made for us and put other things in stays.
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !self.created => {}
+            Err(e) => problems.push(format!("{}: {e}", self.path.display())),
+        }
+        problems
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Fill {
+    Zero,
+    Random,
+}
+
+fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+    let c = cname(name)?;
+    // SAFETY: dir is a valid directory fd, c a valid C string; O_NOFOLLOW
+    // refuses a symlink in the last component and the name has no '/'.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    };
+    let fd = cvt(fd)?;
+    // SAFETY: fd was just returned by openat(2) and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn unlinkat(dir: &OwnedFd, name: &str) -> io::Result<()> {
+    let c = cname(name)?;
+    // SAFETY: valid fd and C string; unlinkat never follows a symlink.
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) }).map(|_| ())
+}
+
+/// An 8 KiB buffer aligned for `O_DIRECT` (4 KiB covers every logical block
+/// size Linux supports for direct IO on common devices).
+#[derive(Debug)]
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    pub const ALIGN: usize = 4096;
+
+    pub fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), Self::ALIGN)
+            .unwrap_or_else(|_| std::alloc::Layout::new::<[u8; BLOCK_SIZE]>());
+        // SAFETY: layout has a non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, layout }
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layout.size() == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len bytes and uniquely borrowed through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in new() with this exact layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+/// Raw fd of a probe file, for the engines.
+pub fn raw(f: &File) -> RawFd {
+    f.as_raw_fd()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn creates_private_dir_and_files_and_removes_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("probe");
+        let pd = ProbeDir::open(&p).unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
+        let _w = pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0).unwrap();
+        let meta = std::fs::metadata(p.join(WAL_FILE)).unwrap();
+        assert_eq!(meta.len(), 1 << 20);
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert!(pd.remove_all().is_empty());
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn second_open_is_refused_while_locked_and_stale_files_go() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("probe");
+        let pd = ProbeDir::open(&p).unwrap();
+        let e = ProbeDir::open(&p).unwrap_err();
+        assert!(matches!(e, SetupError::InUse { .. }), "{e}");
+        assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
+        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0).unwrap();
+        drop(pd); // a "crash": files stay, lock is released
+        assert!(p.join(WAL_FILE).exists());
+        let pd = ProbeDir::open(&p).unwrap();
+        assert!(!p.join(WAL_FILE).exists(), "stale file removed at start");
+        pd.remove_all();
+    }
+
+    #[test]
+    fn refuses_symlinked_or_shared_dirs_and_planted_symlinks() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("elsewhere");
+        std::fs::create_dir(&target).unwrap();
+        let link = tmp.path().join("probe");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = ProbeDir::open(&link).unwrap_err();
+        assert!(e.to_string().contains("symlink"), "{e}");
+
+        let shared = tmp.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = ProbeDir::open(&shared).unwrap_err();
+        assert!(e.to_string().contains("mode 777"), "{e}");
+
+        // A symlink planted where a probe file goes is removed as stale,
+        // never followed.
+        let p = tmp.path().join("p2");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, p.join(WAL_FILE)).unwrap();
+        let pd = ProbeDir::open(&p).unwrap();
+        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        pd.remove_all();
+    }
+
+    #[test]
+    fn reserve_is_enforced_before_writing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pd = ProbeDir::open(&tmp.path().join("probe")).unwrap();
+        let e = pd
+            .create_read_file(1 << 20, u64::MAX / 2)
+            .unwrap_err();
+        assert!(matches!(e, SetupError::Reserve { .. }), "{e}");
+        assert!(e.to_string().contains("free_space_reserve"), "{e}");
+        assert!(!tmp.path().join("probe").join(READ_FILE).exists());
+        pd.remove_all();
+    }
+
+    #[test]
+    fn aligned_buffer_is_aligned() {
+        let b = AlignedBuf::new(8192);
+        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
+        assert_eq!(b.len(), 8192);
+    }
+}

@@ -1,0 +1,315 @@
+//! The probe thread of one volume: set up the probe files and engine, then
+//! probe on a fixed schedule until told to stop.
+//!
+//! Why an OS thread and not a task: a write or sync can block in the kernel
+//! for as long as the device takes (seconds under a cap, forever on a dead
+//! network volume). On its own thread that blocks only this volume; the
+//! async runtime, the HTTP server and the other volumes carry on, and the
+//! age of the stuck operation is exported as `pgstorage_probe_in_flight_seconds`.
+
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::config::{BLOCK_SIZE, VolumeConfig, WAL_FILE_SIZE};
+use crate::metrics::probe::ProbeMetrics;
+use crate::probe::engine::Engine;
+use crate::probe::files::{ProbeDir, SetupError, raw};
+use crate::probe::state::VolumeState;
+use crate::probe::{IoFailure, Rng};
+use crate::types::Op;
+
+/// A stop signal probe threads can sleep on.
+#[derive(Debug, Default)]
+pub struct Stop {
+    stopped: Mutex<bool>,
+    cv: Condvar,
+    fast: AtomicBool,
+}
+
+impl Stop {
+    pub fn new() -> Arc<Stop> {
+        Arc::new(Stop::default())
+    }
+
+    pub fn stop(&self) {
+        self.fast.store(true, Ordering::SeqCst);
+        if let Ok(mut s) = self.stopped.lock() {
+            *s = true;
+        }
+        self.cv.notify_all();
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        self.fast.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps until `deadline` or until stopped; true when stopped.
+    pub fn wait_until(&self, deadline: Instant) -> bool {
+        let Ok(mut guard) = self.stopped.lock() else {
+            return true;
+        };
+        loop {
+            if *guard {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            match self.cv.wait_timeout(guard, deadline - now) {
+                Ok((g, _)) => guard = g,
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+/// Tells the daemon a probe thread has finished, even if it panicked.
+struct DoneGuard {
+    name: String,
+    tx: Sender<String>,
+}
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        let _ = self.tx.send(std::mem::take(&mut self.name));
+    }
+}
+
+/// Starts the probe thread of a volume. The thread is named
+/// `probe-<volume>` (truncated by the kernel to 15 bytes) so it can be found
+/// in `top -H` and stack dumps.
+pub fn spawn(
+    cfg: VolumeConfig,
+    state: Arc<VolumeState>,
+    metrics: ProbeMetrics,
+    stop: Arc<Stop>,
+    done: Sender<String>,
+) -> std::io::Result<JoinHandle<()>> {
+    let name = format!("probe-{}", cfg.name);
+    std::thread::Builder::new().name(name).spawn(move || {
+        let _guard = DoneGuard {
+            name: cfg.name.clone(),
+            tx: done,
+        };
+        Runner {
+            cfg,
+            state,
+            metrics,
+            stop,
+            rng: Rng::seeded(),
+            last_error_log: None,
+        }
+        .run();
+    })
+}
+
+struct Runner {
+    cfg: VolumeConfig,
+    state: Arc<VolumeState>,
+    metrics: ProbeMetrics,
+    stop: Arc<Stop>,
+    rng: Rng,
+    last_error_log: Option<Instant>,
+}
+
+struct Prepared {
+    engine: Engine,
+    wal: Option<File>,
+    read: Option<File>,
+}
+
+const SETUP_BACKOFF_START: Duration = Duration::from_secs(5);
+const SETUP_BACKOFF_MAX: Duration = Duration::from_secs(300);
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
+
+impl Runner {
+    fn run(mut self) {
+        let Some(mut p) = self.setup_with_retry() else {
+            return;
+        };
+        tracing::info!(
+            volume = %self.cfg.name,
+            probe_dir = %self.cfg.probe_dir.display(),
+            engine = %p.engine.kind(),
+            sync_method = %self.cfg.sync_method,
+            commit = p.wal.is_some(),
+            read = p.read.is_some(),
+            interval = ?self.cfg.interval,
+            "probing"
+        );
+        let read_blocks = self.cfg.read_file_size / BLOCK_SIZE as u64;
+        let wal_blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
+        let mut wal_block = 0u64;
+        let mut next = Instant::now();
+        loop {
+            if self.stop.is_stopped() {
+                break;
+            }
+            if let Some(wal) = &p.wal {
+                self.commit_probe(&mut p.engine, wal, wal_block * BLOCK_SIZE as u64);
+                // Cycle through the file like PostgreSQL through a recycled
+                // segment: overwrite preallocated blocks, never extend.
+                wal_block = (wal_block + 1) % wal_blocks;
+            }
+            if let Some(read) = &p.read {
+                // Half an interval after the commit probe, so the read never
+                // queues behind the probe's own sync.
+                if p.wal.is_some() && self.stop.wait_until(next + self.cfg.interval / 2) {
+                    break;
+                }
+                let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
+                self.read_probe(&mut p.engine, read, offset);
+            }
+            if p.engine.is_poisoned() {
+                match Engine::new(self.cfg.engine) {
+                    Ok((e, _)) => p.engine = e,
+                    Err(e) => tracing::error!(volume = %self.cfg.name, error = %e, "cannot rebuild IO engine"),
+                }
+            }
+            next += self.cfg.interval;
+            let now = Instant::now();
+            if next < now {
+                // Overran (slow device): start the next round now rather than
+                // bursting to catch up, which would add load exactly when the
+                // device is slow.
+                next = now;
+            }
+            if self.stop.wait_until(next) {
+                break;
+            }
+        }
+        tracing::debug!(volume = %self.cfg.name, "probe thread stopped");
+    }
+
+    fn setup_with_retry(&mut self) -> Option<Prepared> {
+        let mut backoff = SETUP_BACKOFF_START;
+        loop {
+            match self.setup() {
+                Ok(p) => return Some(p),
+                Err(SetupError::Stopped) => return None,
+                Err(e) => {
+                    self.metrics.error(&self.cfg.name, "setup", e.label());
+                    tracing::error!(
+                        volume = %self.cfg.name,
+                        error = %e,
+                        retry_in = ?backoff,
+                        "cannot set up probe files"
+                    );
+                    if self.stop.wait_until(Instant::now() + backoff) {
+                        return None;
+                    }
+                    backoff = (backoff * 2).min(SETUP_BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    fn setup(&mut self) -> Result<Prepared, SetupError> {
+        let (engine, fallback) = Engine::new(self.cfg.engine)?;
+        if let Some(reason) = fallback {
+            tracing::info!(volume = %self.cfg.name, reason = %reason, "io_uring unavailable, using the sync (syscall) engine");
+        }
+        self.state.set_engine(engine.kind());
+        let dir = Arc::new(ProbeDir::open(&self.cfg.probe_dir)?);
+        // Registered before any file exists, so shutdown can remove files
+        // even while this thread is still writing them.
+        self.state.set_probe_dir(dir.clone());
+        let reserve = self.cfg.free_space_reserve;
+        let wal = if self.cfg.commit_probe {
+            Some(dir.create_wal_file(WAL_FILE_SIZE, self.cfg.sync_method, reserve)?)
+        } else {
+            None
+        };
+        let read = if self.cfg.read_probe {
+            match dir.create_read_file(self.cfg.read_file_size, reserve) {
+                Ok(f) => Some(f),
+                Err(e @ SetupError::DirectIoUnsupported { .. }) if wal.is_some() => {
+                    // Permanent for this filesystem (tmpfs before 6.6, some
+                    // FUSE): keep the commit probe, say so once.
+                    self.metrics.error(&self.cfg.name, "setup", e.label());
+                    tracing::error!(volume = %self.cfg.name, error = %e, "read probe disabled");
+                    None
+                }
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
+        Ok(Prepared { engine, wal, read })
+    }
+
+    fn commit_probe(&mut self, engine: &mut Engine, wal: &File, offset: u64) {
+        self.state.begin(Op::Commit);
+        let r = engine.commit(raw(wal), offset, self.cfg.sync_method);
+        self.state.end();
+        let at = Instant::now();
+        match r {
+            Ok(t) => {
+                let name = &self.cfg.name;
+                let rec = |op: Op, d: Duration| {
+                    let s = d.as_secs_f64();
+                    self.metrics.observe(name, op, s);
+                    self.state.record(op, at, s);
+                };
+                rec(Op::Write, t.write);
+                if let Some(s) = t.sync {
+                    rec(Op::Sync, s);
+                }
+                rec(Op::Commit, t.commit);
+            }
+            Err(f) => self.failed(f),
+        }
+    }
+
+    fn read_probe(&mut self, engine: &mut Engine, read: &File, offset: u64) {
+        self.state.begin(Op::Read);
+        let r = engine.read(raw(read), offset);
+        self.state.end();
+        let at = Instant::now();
+        match r {
+            Ok(d) => {
+                let s = d.as_secs_f64();
+                self.metrics.observe(&self.cfg.name, Op::Read, s);
+                self.state.record(Op::Read, at, s);
+                if d < self.cfg.cache_served_threshold {
+                    self.metrics.cache_served(&self.cfg.name);
+                }
+            }
+            Err(f) => self.failed(f),
+        }
+    }
+
+    fn failed(&mut self, f: IoFailure) {
+        self.metrics.error(&self.cfg.name, f.op.as_str(), f.cause.label());
+        let now = Instant::now();
+        if self
+            .last_error_log
+            .is_none_or(|t| now.duration_since(t) >= ERROR_LOG_EVERY)
+        {
+            self.last_error_log = Some(now);
+            tracing::warn!(volume = %self.cfg.name, error = %f, "probe failed (further failures logged at most once a minute; all are counted in pgstorage_probe_errors_total)");
+        }
+    }
+}
+
+/// Counts probes in flight longer than their timeout, once each. Called by
+/// the daemon's watchdog every second; the stuck call itself cannot be
+/// interrupted, so this is how a hang becomes visible as an error.
+pub fn check_timeouts(volumes: &[Arc<VolumeState>], metrics: &ProbeMetrics, now: Instant) {
+    for v in volumes {
+        if let Some(op) = v.take_timeout(now) {
+            metrics.error(&v.name, op.as_str(), "timeout");
+            tracing::warn!(
+                volume = %v.name,
+                op = %op,
+                timeout = ?v.timeout,
+                "probe still in flight after its timeout: the device or filesystem is stalled"
+            );
+        }
+    }
+}

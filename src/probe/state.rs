@@ -1,0 +1,163 @@
+//! What a volume's probe thread shares with the rest of the process: the
+//! sliding windows, the probe in flight, and what is being probed. Writers
+//! are the probe thread; readers are the metrics encoder and the watchdog.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::config::{MAX_WINDOW_SAMPLES, VolumeConfig};
+use crate::model::window::Window;
+use crate::probe::files::ProbeDir;
+use crate::probe::fsinfo::FsInfo;
+use crate::types::{EngineKind, Op, SyncMethod};
+
+fn base() -> Instant {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    *BASE.get_or_init(Instant::now)
+}
+
+fn to_ns(t: Instant) -> u64 {
+    // +1 so that 0 always means idle.
+    t.saturating_duration_since(base()).as_nanos() as u64 + 1
+}
+
+/// Shared state of one volume.
+#[derive(Debug)]
+pub struct VolumeState {
+    pub name: String,
+    pub path: PathBuf,
+    pub probe_dir_path: PathBuf,
+    pub sync_method: SyncMethod,
+    pub commit_probe: bool,
+    pub read_probe: bool,
+    pub timeout: Duration,
+    fs: Mutex<FsInfo>,
+    engine: Mutex<Option<EngineKind>>,
+    windows: Mutex<Vec<Window>>,
+    in_flight_since: AtomicU64,
+    in_flight_op: AtomicU8,
+    timeout_counted: AtomicBool,
+    probe_dir: Mutex<Option<Arc<ProbeDir>>>,
+}
+
+/// A consistent copy of a volume's state for one scrape.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub fs: FsInfo,
+    pub engine: Option<EngineKind>,
+    /// Per op (indexed by [`Op::index`]): window quantiles, if any samples.
+    pub quantiles: [Option<Vec<f64>>; 4],
+    pub samples: [usize; 4],
+    pub in_flight: Option<(Op, Duration)>,
+}
+
+impl VolumeState {
+    pub fn new(cfg: &VolumeConfig, window: Duration, fs: FsInfo) -> VolumeState {
+        let cap = MAX_WINDOW_SAMPLES as usize;
+        VolumeState {
+            name: cfg.name.clone(),
+            path: cfg.path.clone(),
+            probe_dir_path: cfg.probe_dir.clone(),
+            sync_method: cfg.sync_method,
+            commit_probe: cfg.commit_probe,
+            read_probe: cfg.read_probe,
+            timeout: cfg.timeout,
+            fs: Mutex::new(fs),
+            engine: Mutex::new(None),
+            windows: Mutex::new(Op::ALL.iter().map(|_| Window::new(window, cap)).collect()),
+            in_flight_since: AtomicU64::new(0),
+            in_flight_op: AtomicU8::new(0),
+            timeout_counted: AtomicBool::new(false),
+            probe_dir: Mutex::new(None),
+        }
+    }
+
+    pub fn set_engine(&self, kind: EngineKind) {
+        if let Ok(mut e) = self.engine.lock() {
+            *e = Some(kind);
+        }
+    }
+
+    pub fn engine(&self) -> Option<EngineKind> {
+        self.engine.lock().ok().and_then(|e| *e)
+    }
+
+    pub fn set_probe_dir(&self, dir: Arc<ProbeDir>) {
+        if let Ok(mut d) = self.probe_dir.lock() {
+            *d = Some(dir);
+        }
+    }
+
+    pub fn probe_dir(&self) -> Option<Arc<ProbeDir>> {
+        self.probe_dir.lock().ok().and_then(|d| d.clone())
+    }
+
+    pub fn record(&self, op: Op, at: Instant, seconds: f64) {
+        if let Ok(mut w) = self.windows.lock()
+            && let Some(win) = w.get_mut(op.index())
+        {
+            win.push(at, seconds);
+        }
+    }
+
+    pub fn begin(&self, op: Op) {
+        self.timeout_counted.store(false, Ordering::SeqCst);
+        self.in_flight_op.store(op.index() as u8, Ordering::SeqCst);
+        self.in_flight_since.store(to_ns(Instant::now()), Ordering::SeqCst);
+    }
+
+    pub fn end(&self) {
+        self.in_flight_since.store(0, Ordering::SeqCst);
+    }
+
+    /// The op in flight and its age, if any.
+    pub fn in_flight(&self, now: Instant) -> Option<(Op, Duration)> {
+        let since = self.in_flight_since.load(Ordering::SeqCst);
+        if since == 0 {
+            return None;
+        }
+        let op = Op::ALL
+            .get(self.in_flight_op.load(Ordering::SeqCst) as usize)
+            .copied()
+            .unwrap_or(Op::Commit);
+        let now_ns = to_ns(now);
+        Some((op, Duration::from_nanos(now_ns.saturating_sub(since))))
+    }
+
+    /// For the watchdog: true exactly once per probe that has been in flight
+    /// longer than the timeout.
+    pub fn take_timeout(&self, now: Instant) -> Option<Op> {
+        match self.in_flight(now) {
+            Some((op, age)) if age > self.timeout => {
+                if self.timeout_counted.swap(true, Ordering::SeqCst) {
+                    None
+                } else {
+                    Some(op)
+                }
+            }
+            _ => None,
+        }
+    }
+
+    pub fn snapshot(&self, now: Instant, qs: &[f64]) -> Snapshot {
+        let mut quantiles: [Option<Vec<f64>>; 4] = Default::default();
+        let mut samples = [0usize; 4];
+        if let Ok(w) = self.windows.lock() {
+            for op in Op::ALL {
+                if let Some(win) = w.get(op.index()) {
+                    quantiles[op.index()] = win.quantiles(now, qs);
+                    samples[op.index()] = win.live_len(now);
+                }
+            }
+        }
+        Snapshot {
+            fs: self.fs.lock().map(|f| f.clone()).unwrap_or_default(),
+            engine: self.engine(),
+            quantiles,
+            samples,
+            in_flight: self.in_flight(now),
+        }
+    }
+}

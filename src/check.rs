@@ -230,7 +230,17 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
         }
     }
     if opts.read && !stopped() {
-        let read = dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?;
+        let read = match dir.create_read_file(opts.read_file_size, opts.free_space_reserve) {
+            Ok(f) => f,
+            Err(e @ crate::probe::files::SetupError::DirectIoUnsupported { .. }) => {
+                // Still worth reporting the commit figures (and the warning
+                // that this filesystem is not a disk).
+                m.errors.push(format!("read probe skipped: {e}"));
+                m.elapsed = start.elapsed();
+                return Ok(m);
+            }
+            Err(e) => return Err(e.into()),
+        };
         let blocks = opts.read_file_size / BLOCK_SIZE as u64;
         let mut rng = Rng::seeded();
         let t0 = Instant::now();

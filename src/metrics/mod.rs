@@ -43,24 +43,34 @@ impl Format {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    volumes: Vec<Arc<VolumeState>>,
     pub probe: probe::ProbeMetrics,
 }
 
 impl Metrics {
     pub fn new(volumes: Vec<Arc<VolumeState>>) -> Metrics {
         let mut registry = Registry::default();
-        let probe = probe::ProbeMetrics::register(&mut registry, volumes);
+        let probe = probe::ProbeMetrics::register(&mut registry, volumes.clone());
         registry.register_collector(Box::new(BuildInfo));
-        Metrics { registry, probe }
+        Metrics {
+            registry,
+            volumes,
+            probe,
+        }
     }
 
     /// Encodes the current state.
     pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
         let mut out = String::with_capacity(64 * 1024);
         match format {
-            Format::OpenMetrics => prometheus_client::encoding::text::encode(&mut out, &self.registry)?,
+            Format::OpenMetrics => {
+                prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
+                probe::encode_window_summary(&mut out, &self.volumes);
+                prometheus_client::encoding::text::encode_eof(&mut out)?;
+            }
             Format::Prometheus => {
-                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
+                probe::encode_window_summary(&mut out, &self.volumes);
             }
         }
         Ok(out)

@@ -62,19 +62,19 @@ impl ProbeMetrics {
             "Latency of probe operations in seconds, measured by the exporter's own probe threads. \
              op=write: 8 KiB write into the preallocated WAL probe file; op=sync: the fdatasync/fsync \
              after it; op=commit: write+sync, what one commit waits for; op=read: 8 KiB O_DIRECT \
-             random read at queue depth 1.",
+             random read at queue depth 1",
             m.seconds.clone(),
         );
         registry.register(
             "pgstorage_probe_errors",
             "Failed probe operations by cause: errno name, short_io, timeout (in flight longer than \
-             the volume's timeout), or for op=setup a probe-file setup failure.",
+             the volume's timeout), or for op=setup a probe-file setup failure",
             m.errors.clone(),
         );
         registry.register(
             "pgstorage_probe_cache_served_reads",
             "O_DIRECT probe reads answered faster than the cache_served_threshold (default 5 µs): \
-             served by a cache below this OS (hypervisor, controller, disk), not by the media.",
+             served by a cache below this OS (hypervisor, controller, disk), not by the media",
             m.cache_served.clone(),
         );
         // Series that should exist from the start, so rate() and alerts see
@@ -142,13 +142,6 @@ struct WindowCollector {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct QuantileLabels {
-    volume: String,
-    op: &'static str,
-    quantile: &'static str,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct OpRef {
     volume: String,
     op: &'static str,
@@ -177,6 +170,51 @@ struct CeilingLabels {
 
 const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
+const WINDOW_HELP: &str = "Exact quantiles of probe latency over the sliding window (config key \
+    window, default 15m), in seconds; quantile=1 is the maximum. Computed from samples in memory \
+    at scrape time; quantiles are absent while the window holds no sample. _sum and _count are \
+    cumulative since start, as for any summary.";
+
+/// Appends `pgstorage_probe_window_seconds` as a summary. prometheus-client
+/// has no summary type, and a gauge with a `quantile` label is rejected by
+/// `promtool check metrics`; precomputed quantiles over a window are exactly
+/// what the summary type means, so it is written by hand here.
+pub fn encode_window_summary(out: &mut String, volumes: &[Arc<VolumeState>]) {
+    use std::fmt::Write;
+    let now = Instant::now();
+    let _ = writeln!(out, "# HELP pgstorage_probe_window_seconds {WINDOW_HELP}");
+    let _ = writeln!(out, "# TYPE pgstorage_probe_window_seconds summary");
+    for v in volumes {
+        let s = v.snapshot(now, &WINDOW_QUANTILES);
+        // Volume names are validated to [A-Za-z0-9_./-]: nothing to escape.
+        for op in Op::ALL {
+            let i = op.index();
+            if s.count[i] == 0 {
+                continue;
+            }
+            if let Some(qs) = &s.quantiles[i] {
+                for (label, value) in QUANTILE_LABELS.iter().zip(qs) {
+                    let _ = writeln!(
+                        out,
+                        "pgstorage_probe_window_seconds{{volume=\"{}\",op=\"{}\",quantile=\"{}\"}} {}",
+                        v.name, op, label, value
+                    );
+                }
+            }
+            let _ = writeln!(
+                out,
+                "pgstorage_probe_window_seconds_sum{{volume=\"{}\",op=\"{}\"}} {}",
+                v.name, op, s.sum[i]
+            );
+            let _ = writeln!(
+                out,
+                "pgstorage_probe_window_seconds_count{{volume=\"{}\",op=\"{}\"}} {}",
+                v.name, op, s.count[i]
+            );
+        }
+    }
+}
+
 impl Collector for WindowCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let now = Instant::now();
@@ -186,30 +224,6 @@ impl Collector for WindowCollector {
             .map(|v| (v, v.snapshot(now, &WINDOW_QUANTILES)))
             .collect();
 
-        {
-            let mut m = encoder.encode_descriptor(
-                "pgstorage_probe_window_seconds",
-                "Exact quantiles of probe latency over the sliding window (config key window, default \
-                 15m), in seconds; quantile=1 is the maximum. Computed from samples in memory at \
-                 scrape time; absent while the window holds no sample.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (v, s) in &snaps {
-                for op in Op::ALL {
-                    if let Some(qs) = &s.quantiles[op.index()] {
-                        for (label, value) in QUANTILE_LABELS.iter().zip(qs) {
-                            m.encode_family(&QuantileLabels {
-                                volume: v.name.clone(),
-                                op: op.as_str(),
-                                quantile: *label,
-                            })?
-                            .encode_gauge(value)?;
-                        }
-                    }
-                }
-            }
-        }
         {
             let mut m = encoder.encode_descriptor(
                 "pgstorage_probe_window_samples",

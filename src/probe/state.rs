@@ -35,11 +35,20 @@ pub struct VolumeState {
     pub timeout: Duration,
     fs: Mutex<FsInfo>,
     engine: Mutex<Option<EngineKind>>,
-    windows: Mutex<Vec<Window>>,
+    windows: Mutex<Windows>,
     in_flight_since: AtomicU64,
     in_flight_op: AtomicU8,
     timeout_counted: AtomicBool,
     probe_dir: Mutex<Option<Arc<ProbeDir>>>,
+}
+
+/// Per-op windows plus lifetime count and sum (the `_count`/`_sum` of the
+/// window summary, which Prometheus expects to be cumulative).
+#[derive(Debug)]
+struct Windows {
+    window: Vec<Window>,
+    count: [u64; 4],
+    sum: [f64; 4],
 }
 
 /// A consistent copy of a volume's state for one scrape.
@@ -50,6 +59,9 @@ pub struct Snapshot {
     /// Per op (indexed by [`Op::index`]): window quantiles, if any samples.
     pub quantiles: [Option<Vec<f64>>; 4],
     pub samples: [usize; 4],
+    /// Lifetime number and sum of samples per op.
+    pub count: [u64; 4],
+    pub sum: [f64; 4],
     pub in_flight: Option<(Op, Duration)>,
 }
 
@@ -66,7 +78,11 @@ impl VolumeState {
             timeout: cfg.timeout,
             fs: Mutex::new(fs),
             engine: Mutex::new(None),
-            windows: Mutex::new(Op::ALL.iter().map(|_| Window::new(window, cap)).collect()),
+            windows: Mutex::new(Windows {
+                window: Op::ALL.iter().map(|_| Window::new(window, cap)).collect(),
+                count: [0; 4],
+                sum: [0.0; 4],
+            }),
             in_flight_since: AtomicU64::new(0),
             in_flight_op: AtomicU8::new(0),
             timeout_counted: AtomicBool::new(false),
@@ -95,10 +111,13 @@ impl VolumeState {
     }
 
     pub fn record(&self, op: Op, at: Instant, seconds: f64) {
-        if let Ok(mut w) = self.windows.lock()
-            && let Some(win) = w.get_mut(op.index())
-        {
-            win.push(at, seconds);
+        if let Ok(mut w) = self.windows.lock() {
+            let i = op.index();
+            if let Some(win) = w.window.get_mut(i) {
+                win.push(at, seconds);
+            }
+            w.count[i] += 1;
+            w.sum[i] += seconds;
         }
     }
 
@@ -144,19 +163,25 @@ impl VolumeState {
     pub fn snapshot(&self, now: Instant, qs: &[f64]) -> Snapshot {
         let mut quantiles: [Option<Vec<f64>>; 4] = Default::default();
         let mut samples = [0usize; 4];
+        let mut count = [0u64; 4];
+        let mut sum = [0f64; 4];
         if let Ok(w) = self.windows.lock() {
             for op in Op::ALL {
-                if let Some(win) = w.get(op.index()) {
+                if let Some(win) = w.window.get(op.index()) {
                     quantiles[op.index()] = win.quantiles(now, qs);
                     samples[op.index()] = win.live_len(now);
                 }
             }
+            count = w.count;
+            sum = w.sum;
         }
         Snapshot {
             fs: self.fs.lock().map(|f| f.clone()).unwrap_or_default(),
             engine: self.engine(),
             quantiles,
             samples,
+            count,
+            sum,
             in_flight: self.in_flight(now),
         }
     }

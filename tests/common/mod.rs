@@ -1,0 +1,208 @@
+//! Helpers for integration tests: run the real binary, read its log for the
+//! bound address, scrape it over real HTTP.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_pg-storage-exporter");
+
+pub struct Exporter {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub log: Arc<Mutex<String>>,
+}
+
+impl Exporter {
+    /// Starts the exporter on a free loopback port with extra args and waits
+    /// until it logs where it listens.
+    pub fn start(args: &[&str]) -> Exporter {
+        Self::start_env(args, &[])
+    }
+
+    pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Exporter {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--web.listen-address", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn exporter");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    if let Some(rest) = line.split("address=").nth(1) {
+                        let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                        let _ = tx.send(addr);
+                    }
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            });
+        }
+        let addr = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(a) => a.parse().expect("address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("exporter did not log its address; log:\n{}", log.lock().unwrap());
+            }
+        };
+        Exporter { child, addr, log }
+    }
+
+    pub fn get(&self, path: &str) -> (u16, String, String) {
+        http_get(self.addr, path, None)
+    }
+
+    pub fn metrics(&self) -> String {
+        let (status, _, body) = self.get("/metrics");
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// Scrapes until `pred` holds or the deadline passes.
+    pub fn wait_for(&self, what: &str, timeout: Duration, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let m = self.metrics();
+            if pred(&m) {
+                return m;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}; last scrape:\n{m}\nlog:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        let r = unsafe { libc::kill(self.child.id() as i32, sig) };
+        assert_eq!(r, 0);
+    }
+
+    /// Waits for exit; panics after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("exporter did not exit within {timeout:?}; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Minimal HTTP/1.0 GET: (status, content-type, body).
+pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n{accept}\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("http response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    let ctype = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-type").then(|| v.trim().to_string())
+        })
+        .unwrap_or_default();
+    (status, ctype, body.to_string())
+}
+
+/// Value of the first sample whose name-and-labels prefix matches, e.g.
+/// `pgstorage_probe_seconds_count{volume="t",op="commit"}`.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        let rest = l.strip_prefix(series)?;
+        rest.trim().split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// Samples of one metric name whose labels contain every `k="v"` in `labels`.
+pub fn samples_with(metrics: &str, name: &str, labels: &[&str]) -> Vec<(String, f64)> {
+    metrics
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let n = series.split('{').next()?;
+            if n != name || !labels.iter().all(|lab| series.contains(lab)) {
+                return None;
+            }
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+pub fn count(metrics: &str, volume: &str, op: &str) -> f64 {
+    sample(
+        metrics,
+        &format!("pgstorage_probe_seconds_count{{volume=\"{volume}\",op=\"{op}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+pub fn dir_entries(p: &Path) -> Vec<String> {
+    match std::fs::read_dir(p) {
+        Ok(rd) => {
+            let mut v: Vec<String> = rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        }
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Probe args for a fast, small volume in `dir`.
+pub fn fast_probe_args(name_path: &str) -> Vec<String> {
+    vec![
+        "--probe.path".into(),
+        name_path.into(),
+        "--probe.interval".into(),
+        "100ms".into(),
+        "--probe.read-file-size".into(),
+        "4MiB".into(),
+        "--probe.free-space-reserve".into(),
+        "0".into(),
+    ]
+}

@@ -116,7 +116,9 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
     }
     let probe_dir = match &opts.probe_dir {
         Some(p) if p.is_absolute() => p.clone(),
-        Some(p) => std::env::current_dir().context("current directory")?.join(p),
+        Some(p) => std::env::current_dir()
+            .context("current directory")?
+            .join(p),
         None => path.join(CHECK_DIR_NAME),
     };
     if probe_dir.ends_with(PROBE_DIR_NAME) {
@@ -293,21 +295,39 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(o);
     let how = if r.sync_method.has_sync_call() {
-        format!("8 KiB write, then {} (PostgreSQL wal_sync_method = {})", r.sync_method, r.sync_method)
+        format!(
+            "8 KiB write, then {} (PostgreSQL wal_sync_method = {})",
+            r.sync_method, r.sync_method
+        )
     } else {
-        format!("8 KiB write to a file opened {} (wal_sync_method = {})",
-            if r.sync_method == SyncMethod::OpenDatasync { "O_DSYNC" } else { "O_SYNC" },
-            r.sync_method)
+        format!(
+            "8 KiB write to a file opened {} (wal_sync_method = {})",
+            if r.sync_method == SyncMethod::OpenDatasync {
+                "O_DSYNC"
+            } else {
+                "O_SYNC"
+            },
+            r.sync_method
+        )
     };
     let _ = writeln!(o, "  sync method  {how}");
-    let _ = writeln!(o, "  ran          {:.1} s, queue depth 1", r.duration_seconds);
+    let _ = writeln!(
+        o,
+        "  ran          {:.1} s, queue depth 1",
+        r.duration_seconds
+    );
     let _ = writeln!(o);
     let _ = writeln!(
         o,
         "  {:<7}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
         "op", "count", "p50", "p90", "p99", "p99.9", "max", "mean"
     );
-    for (name, s) in [("write", r.write), ("sync", r.sync), ("commit", r.commit), ("read", r.read)] {
+    for (name, s) in [
+        ("write", r.write),
+        ("sync", r.sync),
+        ("commit", r.commit),
+        ("read", r.read),
+    ] {
         if let Some(s) = s {
             let _ = writeln!(
                 o,
@@ -324,7 +344,10 @@ pub fn render_text(r: &Report) -> String {
         }
     }
     let _ = writeln!(o);
-    match (r.commit_ceiling_p50_per_second, r.commit_ceiling_p99_per_second) {
+    match (
+        r.commit_ceiling_p50_per_second,
+        r.commit_ceiling_p99_per_second,
+    ) {
         (Some(p50), Some(p99)) => {
             let _ = writeln!(
                 o,
@@ -353,7 +376,10 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(o);
     if r.interrupted {
-        let _ = writeln!(o, "  interrupted: figures cover only the time before the signal");
+        let _ = writeln!(
+            o,
+            "  interrupted: figures cover only the time before the signal"
+        );
     }
     if r.warnings.is_empty() {
         let _ = writeln!(o, "verdict: OK, no warnings");

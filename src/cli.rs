@@ -26,11 +26,19 @@ pub const DEFAULT_PORT: u16 = 9847;
 )]
 pub struct Cli {
     /// Address to listen on for HTTP (metrics, /healthz, landing page).
-    #[arg(long = "web.listen-address", default_value = ":9847", value_name = "[HOST]:PORT")]
+    #[arg(
+        long = "web.listen-address",
+        default_value = ":9847",
+        value_name = "[HOST]:PORT"
+    )]
     pub listen_address: String,
 
     /// Path under which metrics are exposed.
-    #[arg(long = "web.telemetry-path", default_value = "/metrics", value_name = "PATH")]
+    #[arg(
+        long = "web.telemetry-path",
+        default_value = "/metrics",
+        value_name = "PATH"
+    )]
     pub telemetry_path: String,
 
     /// TOML configuration file (see config/example.toml).
@@ -208,9 +216,19 @@ mod tests {
     #[test]
     fn listen_addresses() {
         assert_eq!(parse_listen(":9847").unwrap().to_string(), "0.0.0.0:9847");
-        assert_eq!(parse_listen("127.0.0.1:0").unwrap().to_string(), "127.0.0.1:0");
-        assert_eq!(parse_listen("[::1]:9847").unwrap().to_string(), "[::1]:9847");
-        assert!(parse_listen("9847").unwrap_err().contains("--web.listen-address \"9847\""));
+        assert_eq!(
+            parse_listen("127.0.0.1:0").unwrap().to_string(),
+            "127.0.0.1:0"
+        );
+        assert_eq!(
+            parse_listen("[::1]:9847").unwrap().to_string(),
+            "[::1]:9847"
+        );
+        assert!(
+            parse_listen("9847")
+                .unwrap_err()
+                .contains("--web.listen-address \"9847\"")
+        );
     }
 
     #[test]
@@ -234,10 +252,14 @@ mod tests {
         .unwrap();
         assert_eq!(c.engine, Some(EngineArg::IoUring));
         assert_eq!(c.interval, Some(Duration::from_millis(250)));
-        let Some(Command::Check(a)) = c.command else { panic!() };
+        let Some(Command::Check(a)) = c.command else {
+            panic!()
+        };
         assert_eq!(a.duration, Duration::from_secs(2));
         assert_eq!(a.format, OutputFormat::Json);
-        let e = Cli::try_parse_from(["x", "--probe.interval", "5"]).unwrap_err().to_string();
+        let e = Cli::try_parse_from(["x", "--probe.interval", "5"])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("a unit is required"), "{e}");
     }
 }

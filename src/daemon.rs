@@ -34,7 +34,13 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
     let volumes: Vec<Arc<VolumeState>> = cfg
         .volumes
         .iter()
-        .map(|v| Arc::new(VolumeState::new(v, cfg.window, fsinfo::lookup(&v.path, &roots))))
+        .map(|v| {
+            Arc::new(VolumeState::new(
+                v,
+                cfg.window,
+                fsinfo::lookup(&v.path, &roots),
+            ))
+        })
         .collect();
     let metrics = Arc::new(Metrics::new(volumes.clone()));
 
@@ -164,7 +170,9 @@ async fn shutdown(
                 in_flight = ?age,
                 "abandoning probe thread stuck in IO; its probe files are removed anyway"
             ),
-            None => tracing::warn!(volume = %name, "abandoning probe thread that did not stop in time"),
+            None => {
+                tracing::warn!(volume = %name, "abandoning probe thread that did not stop in time")
+            }
         }
     }
     for v in volumes {

@@ -37,7 +37,11 @@ async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "encoding metrics failed");
-            (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed\n").into_response()
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encoding metrics failed\n",
+            )
+                .into_response()
         }
     }
 }
@@ -79,7 +83,11 @@ async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
             esc(&snap.fs.device),
             esc(&snap.fs.fstype),
             snap.engine.map(|e| e.as_str()).unwrap_or("starting"),
-            if v.commit_probe { v.sync_method.as_str() } else { "-" },
+            if v.commit_probe {
+                v.sync_method.as_str()
+            } else {
+                "-"
+            },
             probes,
             q(crate::types::Op::Commit.index(), 0),
             q(crate::types::Op::Commit.index(), 1),

@@ -81,7 +81,10 @@ fn run_daemon(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if !cli.telemetry_path.starts_with('/') || cli.telemetry_path == "/" || cli.telemetry_path == "/healthz" {
+    if !cli.telemetry_path.starts_with('/')
+        || cli.telemetry_path == "/"
+        || cli.telemetry_path == "/healthz"
+    {
         eprintln!(
             "pg-storage-exporter: --web.telemetry-path {:?}: must start with / and differ from / and /healthz",
             cli.telemetry_path

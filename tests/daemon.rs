@@ -1,5 +1,8 @@
 //! The real binary on real temp directories, scraped over real HTTP.
 
+// Test code: a panic is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::time::Duration;
@@ -57,23 +60,45 @@ fn scrape_shows_every_probe_metric_and_counts_grow() {
     for (series, v) in &qs {
         assert!(*v > 0.0 && *v < 10.0, "{series} = {v}");
     }
-    let ceilings = samples_with(&second, "pgstorage_commit_ceiling_per_second", &["volume=\"t\""]);
+    let ceilings = samples_with(
+        &second,
+        "pgstorage_commit_ceiling_per_second",
+        &["volume=\"t\""],
+    );
     assert_eq!(ceilings.len(), 2, "{ceilings:?}");
     for (series, v) in &ceilings {
         assert!(*v > 0.1 && *v < 1e7, "{series} = {v}");
     }
-    let p50 = sample(&second, "pgstorage_probe_window_seconds{volume=\"t\",op=\"commit\",quantile=\"0.5\"}").unwrap();
-    let ceil50 = sample(&second, "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_p50\"}").unwrap();
-    assert!((ceil50 * p50 - 1.0).abs() < 1e-6, "ceiling is 1/p50: {ceil50} * {p50}");
+    let p50 = sample(
+        &second,
+        "pgstorage_probe_window_seconds{volume=\"t\",op=\"commit\",quantile=\"0.5\"}",
+    )
+    .unwrap();
+    let ceil50 = sample(
+        &second,
+        "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_p50\"}",
+    )
+    .unwrap();
+    assert!(
+        (ceil50 * p50 - 1.0).abs() < 1e-6,
+        "ceiling is 1/p50: {ceil50} * {p50}"
+    );
     let info = samples_with(&second, "pgstorage_volume_info", &["volume=\"t\""]);
     assert_eq!(info.len(), 1);
-    assert!(info[0].0.contains("sync_method=\"fdatasync\""), "{}", info[0].0);
+    assert!(
+        info[0].0.contains("sync_method=\"fdatasync\""),
+        "{}",
+        info[0].0
+    );
     assert!(
         info[0].0.contains("engine=\"io_uring\"") || info[0].0.contains("engine=\"sync\""),
         "{}",
         info[0].0
     );
-    assert!(info[0].0.contains(&format!("path=\"{}\"", dir.path().canonicalize().unwrap().display())));
+    assert!(info[0].0.contains(&format!(
+        "path=\"{}\"",
+        dir.path().canonicalize().unwrap().display()
+    )));
     let in_flight = sample(&second, "pgstorage_probe_in_flight_seconds{volume=\"t\"}").unwrap();
     assert!((0.0..10.0).contains(&in_flight), "{in_flight}");
 }
@@ -87,7 +112,11 @@ fn forced_fallback_engine_works() {
     });
     let info = samples_with(&m, "pgstorage_volume_info", &["volume=\"t\""]);
     assert!(info[0].0.contains("engine=\"sync\""), "{}", info[0].0);
-    let p50 = sample(&m, "pgstorage_probe_window_seconds{volume=\"t\",op=\"sync\",quantile=\"0.5\"}").unwrap();
+    let p50 = sample(
+        &m,
+        "pgstorage_probe_window_seconds{volume=\"t\",op=\"sync\",quantile=\"0.5\"}",
+    )
+    .unwrap();
     assert!(p50 > 0.0 && p50 < 10.0, "{p50}");
 }
 
@@ -98,7 +127,9 @@ fn auto_engine_falls_back_when_io_uring_is_unavailable_and_says_why() {
     let args = fast_probe_args(&np);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let ex = Exporter::start_env(&refs, &[("PG_STORAGE_EXPORTER_DISABLE_IO_URING", "1")]);
-    let m = ex.wait_for("commit probes", Duration::from_secs(30), |m| count(m, "t", "commit") >= 2.0);
+    let m = ex.wait_for("commit probes", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 2.0
+    });
     assert!(m.contains("engine=\"sync\""));
     assert!(ex.log().contains("io_uring unavailable"), "{}", ex.log());
 }
@@ -109,15 +140,37 @@ fn probe_files_exist_while_running_and_are_gone_after_sigterm_and_sigint() {
         let dir = tempfile::tempdir().unwrap();
         let probe_dir = dir.path().join("pg-storage-exporter-probe");
         let mut ex = start_fast(dir.path(), &[]);
-        ex.wait_for("a commit probe", Duration::from_secs(30), |m| count(m, "t", "commit") >= 1.0);
-        assert_eq!(dir_entries(&probe_dir), vec!["lock", "read.probe", "wal.probe"]);
+        ex.wait_for("a commit probe", Duration::from_secs(30), |m| {
+            count(m, "t", "commit") >= 1.0
+        });
+        assert_eq!(
+            dir_entries(&probe_dir),
+            vec!["lock", "read.probe", "wal.probe"]
+        );
         let wal = std::fs::metadata(probe_dir.join("wal.probe")).unwrap();
-        assert_eq!(wal.len(), 16 << 20, "WAL probe file preallocated to one segment");
-        assert_eq!(std::fs::metadata(probe_dir.join("read.probe")).unwrap().len(), 4 << 20);
+        assert_eq!(
+            wal.len(),
+            16 << 20,
+            "WAL probe file preallocated to one segment"
+        );
+        assert_eq!(
+            std::fs::metadata(probe_dir.join("read.probe"))
+                .unwrap()
+                .len(),
+            4 << 20
+        );
         ex.signal(sig);
         let status = ex.wait_exit(Duration::from_secs(15));
-        assert!(status.success(), "signal {sig}: exit {status:?}; log:\n{}", ex.log());
-        assert!(!probe_dir.exists(), "probe dir left behind: {:?}", dir_entries(&probe_dir));
+        assert!(
+            status.success(),
+            "signal {sig}: exit {status:?}; log:\n{}",
+            ex.log()
+        );
+        assert!(
+            !probe_dir.exists(),
+            "probe dir left behind: {:?}",
+            dir_entries(&probe_dir)
+        );
         assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
         assert!(ex.log().contains("removed probe files"), "{}", ex.log());
     }
@@ -133,22 +186,39 @@ fn stale_probe_files_of_a_crashed_run_are_removed_at_start() {
     std::fs::write(probe_dir.join("wal.probe"), b"left by a crash").unwrap();
     std::fs::write(probe_dir.join("read.probe"), b"left by a crash").unwrap();
     let ex = start_fast(dir.path(), &[]);
-    ex.wait_for("a commit probe", Duration::from_secs(30), |m| count(m, "t", "commit") >= 1.0);
-    assert!(ex.log().contains("removed stale probe file"), "{}", ex.log());
-    assert_eq!(std::fs::metadata(probe_dir.join("wal.probe")).unwrap().len(), 16 << 20);
+    ex.wait_for("a commit probe", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 1.0
+    });
+    assert!(
+        ex.log().contains("removed stale probe file"),
+        "{}",
+        ex.log()
+    );
+    assert_eq!(
+        std::fs::metadata(probe_dir.join("wal.probe"))
+            .unwrap()
+            .len(),
+        16 << 20
+    );
 }
 
 #[test]
 fn second_exporter_on_the_same_probe_dir_is_refused_and_counted() {
     let dir = tempfile::tempdir().unwrap();
     let a = start_fast(dir.path(), &[]);
-    a.wait_for("a commit probe", Duration::from_secs(30), |m| count(m, "t", "commit") >= 1.0);
+    a.wait_for("a commit probe", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 1.0
+    });
     let b = start_fast(dir.path(), &[]);
     let m = b.wait_for("setup error", Duration::from_secs(30), |m| {
         m.contains("pgstorage_probe_errors_total{volume=\"t\",op=\"setup\",error=\"in_use\"} 1")
     });
     assert_eq!(count(&m, "t", "commit"), 0.0);
-    assert!(b.log().contains("in use by another pg-storage-exporter"), "{}", b.log());
+    assert!(
+        b.log().contains("in use by another pg-storage-exporter"),
+        "{}",
+        b.log()
+    );
     // The first keeps probing.
     let before = count(&a.metrics(), "t", "commit");
     std::thread::sleep(Duration::from_millis(500));
@@ -173,7 +243,9 @@ fn promtool_accepts_a_real_scrape() {
             c.stdin.take().unwrap().write_all(body.as_bytes())?;
             c.wait_with_output()
         })
-        .expect("promtool not found: install the Debian package `prometheus` (./scripts/test does)");
+        .expect(
+            "promtool not found: install the Debian package `prometheus` (./scripts/test does)",
+        );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -187,7 +259,9 @@ fn promtool_accepts_a_real_scrape() {
 fn openmetrics_when_asked_and_landing_and_health() {
     let dir = tempfile::tempdir().unwrap();
     let ex = start_fast(dir.path(), &[]);
-    ex.wait_for("a commit probe", Duration::from_secs(30), |m| count(m, "t", "commit") >= 1.0);
+    ex.wait_for("a commit probe", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 1.0
+    });
     let (status, ctype, body) = http_get(
         ex.addr,
         "/metrics",
@@ -195,7 +269,11 @@ fn openmetrics_when_asked_and_landing_and_health() {
     );
     assert_eq!(status, 200);
     assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
-    assert!(body.ends_with("# EOF\n"), "{}", &body[body.len().saturating_sub(200)..]);
+    assert!(
+        body.ends_with("# EOF\n"),
+        "{}",
+        &body[body.len().saturating_sub(200)..]
+    );
     assert_eq!(body.matches("# EOF").count(), 1);
     assert!(body.contains("# TYPE pgstorage_probe_window_seconds summary"));
     let (status, ctype, _) = ex.get("/metrics");
@@ -206,7 +284,10 @@ fn openmetrics_when_asked_and_landing_and_health() {
     let (status, ctype, body) = ex.get("/");
     assert_eq!(status, 200);
     assert!(ctype.starts_with("text/html"));
-    assert!(body.contains("href=\"/metrics\"") && body.contains("<td>t</td>"), "{body}");
+    assert!(
+        body.contains("href=\"/metrics\"") && body.contains("<td>t</td>"),
+        "{body}"
+    );
     let (status, _, _) = ex.get("/nope");
     assert_eq!(status, 404);
 }
@@ -238,12 +319,21 @@ fn misspelt_config_key_exits_before_binding_with_key_and_line() {
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let out = std::process::Command::new(BIN)
         .args(["--config.file", cfg.to_str().unwrap()])
-        .args(["--web.listen-address", &held.local_addr().unwrap().to_string()])
+        .args([
+            "--web.listen-address",
+            &held.local_addr().unwrap().to_string(),
+        ])
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains(&format!("{}:4:1: volume[0].sync_metod: unknown field `sync_metod`", cfg.display())), "{err}");
+    assert!(
+        err.contains(&format!(
+            "{}:4:1: volume[0].sync_metod: unknown field `sync_metod`",
+            cfg.display()
+        )),
+        "{err}"
+    );
     assert!(!err.contains("cannot listen"), "{err}");
     assert_eq!(dir_entries(dir.path()), vec!["c.toml"], "nothing created");
 }
@@ -251,12 +341,21 @@ fn misspelt_config_key_exits_before_binding_with_key_and_line() {
 #[test]
 fn bad_flags_are_refused() {
     for (args, want) in [
-        (vec!["--probe.path", "/does/not/exist"], "/does/not/exist: No such file or directory"),
+        (
+            vec!["--probe.path", "/does/not/exist"],
+            "/does/not/exist: No such file or directory",
+        ),
         (vec!["--probe.interval", "1"], "a unit is required"),
-        (vec!["--web.listen-address", "nonsense"], "--web.listen-address \"nonsense\""),
+        (
+            vec!["--web.listen-address", "nonsense"],
+            "--web.listen-address \"nonsense\"",
+        ),
         (vec!["--probe.engine", "uring"], "invalid value 'uring'"),
     ] {
-        let out = std::process::Command::new(BIN).args(&args).output().unwrap();
+        let out = std::process::Command::new(BIN)
+            .args(&args)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}");
         assert!(err.contains(want), "{args:?}: {err}");
@@ -265,7 +364,10 @@ fn bad_flags_are_refused() {
 
 #[test]
 fn version_flag() {
-    let out = std::process::Command::new(BIN).arg("--version").output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("--version")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),

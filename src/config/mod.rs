@@ -316,7 +316,11 @@ fn volume_from_file(
         message,
     })?;
     let (probe_dir, pd_origin, pd_key) = match &v.probe_dir {
-        Some(pd) => (absolute(pd.get_ref()), at(Some(pd.span())), key("probe_dir")),
+        Some(pd) => (
+            absolute(pd.get_ref()),
+            at(Some(pd.span())),
+            key("probe_dir"),
+        ),
         None => (path.join(PROBE_DIR_NAME), path_origin, key("path")),
     };
     check_probe_dir(&path, &probe_dir).map_err(|message| ConfigError::Invalid {
@@ -329,7 +333,8 @@ fn volume_from_file(
 
 /// Reports a bad setting: field name, whether the volume (not `[defaults]`)
 /// set it, where, and why.
-type SettingError<'a> = dyn Fn(&str, bool, Option<std::ops::Range<usize>>, String) -> ConfigError + 'a;
+type SettingError<'a> =
+    dyn Fn(&str, bool, Option<std::ops::Range<usize>>, String) -> ConfigError + 'a;
 
 fn settings(
     err: &SettingError<'_>,
@@ -420,7 +425,9 @@ fn settings(
                     "cache_served_threshold",
                     vol,
                     Some(x.span()),
-                    format!("{t:?} is too long: devices answer 8 KiB reads in tens of µs; use at most 1ms"),
+                    format!(
+                        "{t:?} is too long: devices answer 8 KiB reads in tens of µs; use at most 1ms"
+                    ),
                 ));
             }
             t
@@ -538,7 +545,9 @@ fn default_name(path: &Path) -> String {
 /// free of characters that need escaping in PromQL.
 pub fn validate_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 64 {
-        return Err(format!("invalid volume name {name:?}: use 1 to 64 characters"));
+        return Err(format!(
+            "invalid volume name {name:?}: use 1 to 64 characters"
+        ));
     }
     if let Some(c) = name
         .chars()
@@ -552,14 +561,16 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 }
 
 fn validate_read_file_size(b: u64) -> Result<(), String> {
-    if b < (1 << 20) || b > (1 << 40) {
+    if !((1 << 20)..=(1 << 40)).contains(&b) {
         return Err(format!(
             "{} is out of range: use 1MiB to 1TiB",
             units::fmt_bytes(b)
         ));
     }
     if b % BLOCK_SIZE as u64 != 0 {
-        return Err(format!("{b} bytes is not a multiple of 8KiB, the read size"));
+        return Err(format!(
+            "{b} bytes is not a multiple of 8KiB, the read size"
+        ));
     }
     Ok(())
 }
@@ -577,10 +588,9 @@ fn absolute(p: &Path) -> PathBuf {
 /// Resolves a volume path to an existing directory (symlinks followed: a
 /// `pg_wal` symlink to another disk must be measured where it points).
 fn resolve_dir(p: &Path) -> Result<PathBuf, String> {
-    let canonical = std::fs::canonicalize(p)
-        .map_err(|e| format!("path {}: {e}", p.display()))?;
-    let meta = std::fs::metadata(&canonical)
-        .map_err(|e| format!("path {}: {e}", canonical.display()))?;
+    let canonical = std::fs::canonicalize(p).map_err(|e| format!("path {}: {e}", p.display()))?;
+    let meta =
+        std::fs::metadata(&canonical).map_err(|e| format!("path {}: {e}", canonical.display()))?;
     if !meta.is_dir() {
         return Err(format!("path {} is not a directory", canonical.display()));
     }
@@ -604,7 +614,12 @@ pub fn check_probe_dir(volume: &Path, probe_dir: &Path) -> Result<(), String> {
     } else {
         match probe_dir.parent() {
             Some(p) => p.to_path_buf(),
-            None => return Err(format!("probe directory {} has no parent", probe_dir.display())),
+            None => {
+                return Err(format!(
+                    "probe directory {} has no parent",
+                    probe_dir.display()
+                ));
+            }
         }
     };
     let pd = std::fs::metadata(&existing)

@@ -81,10 +81,7 @@ impl RawVolume {
 /// key path (`volume[0].intervall`) of what was wrong.
 pub fn parse(file: &Path, text: &str) -> Result<RawConfig, ConfigError> {
     let syntax = |e: &toml::de::Error, key: String| {
-        let (line, column) = e
-            .span()
-            .map(|s| line_col(text, s.start))
-            .unwrap_or((1, 1));
+        let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
         ConfigError::Syntax {
             file: file.to_path_buf(),
             line,
@@ -101,7 +98,14 @@ pub fn parse(file: &Path, text: &str) -> Result<RawConfig, ConfigError> {
             .path()
             .to_string()
             .replace(".$__serde_spanned_private_value", "");
-        syntax(e.inner(), if key == "." { "(top level)".to_string() } else { key })
+        syntax(
+            e.inner(),
+            if key == "." {
+                "(top level)".to_string()
+            } else {
+                key
+            },
+        )
     })
 }
 

@@ -14,7 +14,10 @@ fn misspelt_key_names_key_and_line() {
         dir.path().display()
     );
     let e = parse_str(&text).unwrap_err().to_string();
-    assert!(e.starts_with("/etc/pg-storage-exporter.toml:6:1: volume[0].intervall: "), "{e}");
+    assert!(
+        e.starts_with("/etc/pg-storage-exporter.toml:6:1: volume[0].intervall: "),
+        "{e}"
+    );
     assert!(e.contains("unknown field `intervall`"), "{e}");
     assert!(e.contains("`interval`"), "suggests the valid keys: {e}");
 }
@@ -48,11 +51,17 @@ fn error_messages_table() {
         ),
         (
             vol("sync_method = \"fdatasnc\""),
-            vec![":4:15: volume[0].sync_method: unknown variant `fdatasnc`", "`open_datasync`"],
+            vec![
+                ":4:15: volume[0].sync_method: unknown variant `fdatasnc`",
+                "`open_datasync`",
+            ],
         ),
         (
             vol("engine = \"uring\""),
-            vec![":4:10: volume[0].engine: unknown variant `uring`", "`io_uring`"],
+            vec![
+                ":4:10: volume[0].engine: unknown variant `uring`",
+                "`io_uring`",
+            ],
         ),
         (
             vol("read_file_size = \"64 parsecs\""),
@@ -62,10 +71,7 @@ fn error_messages_table() {
             vol("read_file_size = \"100KiB\""),
             vec![":4: volume[0].read_file_size: 100KiB is out of range: use 1MiB to 1TiB"],
         ),
-        (
-            vol("probes = []"),
-            vec![":4: volume[0].probes: empty list"],
-        ),
+        (vol("probes = []"), vec![":4: volume[0].probes: empty list"]),
         (
             vol("probes = [\"write\"]"),
             vec!["volume[0].probes[0]: unknown variant `write`, expected `commit` or `read`"],
@@ -98,15 +104,15 @@ fn error_messages_table() {
             "[[volume]]\nname = \"v\"\n".to_string(),
             vec!["missing field `path`"],
         ),
-        (
-            "window = \"5m\n".to_string(),
-            vec![":1:"],
-        ),
+        ("window = \"5m\n".to_string(), vec![":1:"]),
     ];
     for (text, wants) in cases {
         let e = parse_str(&text).map(|_| ()).unwrap_err().to_string();
         for want in wants {
-            assert!(e.contains(want), "config:\n{text}\nerror: {e}\nwanted: {want}");
+            assert!(
+                e.contains(want),
+                "config:\n{text}\nerror: {e}\nwanted: {want}"
+            );
         }
     }
 }
@@ -139,7 +145,10 @@ fn no_volumes_means_the_embedded_default() {
     assert_eq!(c.volumes[0].name, DEFAULT_VOLUME_NAME);
     assert_eq!(
         c.volumes[0].probe_dir,
-        Path::new(DEFAULT_VOLUME_PATH).canonicalize().unwrap().join(PROBE_DIR_NAME)
+        Path::new(DEFAULT_VOLUME_PATH)
+            .canonicalize()
+            .unwrap()
+            .join(PROBE_DIR_NAME)
     );
     assert_eq!(c.window, DEFAULT_WINDOW);
 }
@@ -150,15 +159,14 @@ fn probe_path_flags() {
     let sub = dir.path().join("pgwal");
     std::fs::create_dir(&sub).unwrap();
     let flags = FlagOverrides {
-        probe_paths: vec![
-            format!("wal={}", sub.display()),
-            sub.display().to_string(),
-        ],
+        probe_paths: vec![format!("wal={}", sub.display()), sub.display().to_string()],
         engine: Some(EngineChoice::Sync),
         ..Default::default()
     };
     // Same directory twice: the probe directory collides.
-    let e = build(None, RawConfig::default(), &flags).unwrap_err().to_string();
+    let e = build(None, RawConfig::default(), &flags)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("is used by two volumes"), "{e}");
 
     let flags = FlagOverrides {
@@ -181,7 +189,9 @@ fn probe_path_flags() {
         probe_paths: vec!["x=/does/not/exist".to_string()],
         ..Default::default()
     };
-    let e = build(None, RawConfig::default(), &flags).unwrap_err().to_string();
+    let e = build(None, RawConfig::default(), &flags)
+        .unwrap_err()
+        .to_string();
     assert_eq!(
         e,
         "flag --probe.path: x=/does/not/exist: path /does/not/exist: No such file or directory (os error 2)"
@@ -208,7 +218,9 @@ fn refuses_to_probe_inside_a_data_directory() {
             probe_paths: vec![format!("x={}", target.display())],
             ..Default::default()
         };
-        let e = build(None, RawConfig::default(), &flags).unwrap_err().to_string();
+        let e = build(None, RawConfig::default(), &flags)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("the exporter never writes there"), "{e}");
     }
     // Beside the data directory is fine.

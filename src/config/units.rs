@@ -39,9 +39,9 @@ pub fn parse_bytes(s: &str) -> Result<u64, String> {
             ));
         }
     };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid size {s:?}: expected a number followed by a unit, e.g. \"64MiB\""))?;
+    let value: f64 = num.parse().map_err(|_| {
+        format!("invalid size {s:?}: expected a number followed by a unit, e.g. \"64MiB\"")
+    })?;
     let bytes = value * mult as f64;
     if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
         return Err(format!("invalid size {s:?}: out of range"));
@@ -72,11 +72,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             ));
         }
     };
-    let value: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected a number followed by a unit, e.g. \"500ms\""))?;
+    let value: f64 = num.parse().map_err(|_| {
+        format!("invalid duration {s:?}: expected a number followed by a unit, e.g. \"500ms\"")
+    })?;
     let secs = value * secs_per_unit;
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(format!("invalid duration {s:?}: out of range"));
     }
     Ok(Duration::from_secs_f64(secs))
@@ -84,7 +84,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// Formats a byte count the way the config file accepts it back.
 pub fn fmt_bytes(b: u64) -> String {
-    for (unit, mult) in [("TiB", 1u64 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+    for (unit, mult) in [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ] {
         if b >= mult && b % mult == 0 {
             return format!("{}{unit}", b / mult);
         }
@@ -182,9 +187,21 @@ mod tests {
         for (s, want) in ok {
             assert_eq!(parse_duration(s), Ok(want), "{s}");
         }
-        assert!(parse_duration("10").unwrap_err().contains("a unit is required"));
-        assert!(parse_duration("1 sec").unwrap_err().contains("unknown unit \"sec\""));
-        assert!(parse_duration("s").unwrap_err().contains("expected a number"));
+        assert!(
+            parse_duration("10")
+                .unwrap_err()
+                .contains("a unit is required")
+        );
+        assert!(
+            parse_duration("1 sec")
+                .unwrap_err()
+                .contains("unknown unit \"sec\"")
+        );
+        assert!(
+            parse_duration("s")
+                .unwrap_err()
+                .contains("expected a number")
+        );
     }
 
     #[test]

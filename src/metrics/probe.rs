@@ -255,7 +255,10 @@ impl Collector for WindowCollector {
             )?;
             for (v, s) in &snaps {
                 let age = s.in_flight.map(|(_, d)| d.as_secs_f64()).unwrap_or(0.0);
-                m.encode_family(&VolRef { volume: v.name.clone() })?.encode_gauge(&age)?;
+                m.encode_family(&VolRef {
+                    volume: v.name.clone(),
+                })?
+                .encode_gauge(&age)?;
             }
         }
         {
@@ -274,7 +277,11 @@ impl Collector for WindowCollector {
                     device: s.fs.device.clone(),
                     fstype: s.fs.fstype.clone(),
                     engine: s.engine.map(|e| e.as_str()).unwrap_or(""),
-                    sync_method: if v.commit_probe { v.sync_method.as_str() } else { "" },
+                    sync_method: if v.commit_probe {
+                        v.sync_method.as_str()
+                    } else {
+                        ""
+                    },
                 })?
                 .encode_gauge(&1i64)?;
             }

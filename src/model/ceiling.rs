@@ -30,10 +30,22 @@ mod tests {
         // (latency, expected ceiling, source)
         let cases = [
             (0.000_889, 1125.0, "FACTS §1 fio fdatasync mean, 1 job"),
-            (0.001_106, 904.0, "FACTS §1 pgbench 1 client, 1.106 ms per commit"),
-            (0.001, 1000.0, "FACTS §1 1 ms sync caps one client at 1,000/s"),
+            (
+                0.001_106,
+                904.0,
+                "FACTS §1 pgbench 1 client, 1.106 ms per commit",
+            ),
+            (
+                0.001,
+                1000.0,
+                "FACTS §1 1 ms sync caps one client at 1,000/s",
+            ),
             (0.009, 111.1, "FACTS §1 9 ms sync caps one client at 111/s"),
-            (0.0734, 13.6, "FACTS §2 write+fdatasync under a 100 IOPS cap"),
+            (
+                0.0734,
+                13.6,
+                "FACTS §2 write+fdatasync under a 100 IOPS cap",
+            ),
             (0.0695, 14.4, "FACTS §2 pgbench 1 client under the cap"),
             (0.000_151, 6622.5, "FACTS §5 build machine sync mean"),
         ];

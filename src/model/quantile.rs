@@ -50,7 +50,12 @@ mod tests {
             (&hundred, -0.1, None),
         ];
         for (samples, q, want) in cases {
-            assert_eq!(nearest_rank(samples, *q), *want, "q={q} n={}", samples.len());
+            assert_eq!(
+                nearest_rank(samples, *q),
+                *want,
+                "q={q} n={}",
+                samples.len()
+            );
         }
     }
 

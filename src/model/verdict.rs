@@ -238,7 +238,11 @@ mod tests {
         let cases: Vec<(&str, Observed<'_>, Vec<&str>)> = vec![
             ("fast sync", fast_sync, vec!["sync_too_fast"]),
             ("fast O_DSYNC write", fast_odsync, vec!["sync_too_fast"]),
-            ("tmpfs: memory only, no second warning", tmpfs, vec!["memory_filesystem"]),
+            (
+                "tmpfs: memory only, no second warning",
+                tmpfs,
+                vec!["memory_filesystem"],
+            ),
             ("overlay", overlay, vec!["overlay_filesystem"]),
             ("cache-served reads", cached, vec!["cache_served_reads"]),
             ("heavy tail", tail, vec!["heavy_tail"]),

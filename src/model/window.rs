@@ -96,10 +96,16 @@ mod tests {
         let mut w = Window::new(Duration::from_secs(10), 1000);
         w.push(t0, 0.001);
         w.push(t0 + Duration::from_secs(5), 0.002);
-        assert_eq!(w.quantiles(t0 + Duration::from_secs(6), &[1.0]), Some(vec![0.002]));
+        assert_eq!(
+            w.quantiles(t0 + Duration::from_secs(6), &[1.0]),
+            Some(vec![0.002])
+        );
         assert_eq!(w.live_len(t0 + Duration::from_secs(6)), 2);
         // At t0+11 s the first sample is older than 10 s.
-        assert_eq!(w.quantiles(t0 + Duration::from_secs(11), &[0.0]), Some(vec![0.002]));
+        assert_eq!(
+            w.quantiles(t0 + Duration::from_secs(11), &[0.0]),
+            Some(vec![0.002])
+        );
         assert_eq!(w.quantiles(t0 + Duration::from_secs(16), &[0.5]), None);
         w.evict(t0 + Duration::from_secs(16));
         assert!(w.is_empty());

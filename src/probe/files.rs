@@ -376,7 +376,12 @@ enum Fill {
     Random,
 }
 
-fn openat(dir: &OwnedFd, name: &str, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+fn openat(
+    dir: &OwnedFd,
+    name: &str,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
     let c = cname(name)?;
     // SAFETY: dir is a valid directory fd, c a valid C string; O_NOFOLLOW
     // refuses a symlink in the last component and the name has no '/'.
@@ -418,7 +423,8 @@ impl AlignedBuf {
             .unwrap_or_else(|_| std::alloc::Layout::new::<[u8; BLOCK_SIZE]>());
         // SAFETY: layout has a non-zero size.
         let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        let ptr =
+            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
         AlignedBuf { ptr, layout }
     }
 
@@ -471,8 +477,13 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let p = tmp.path().join("probe");
         let pd = ProbeDir::open(&p).unwrap();
-        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
-        let _w = pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0).unwrap();
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        let _w = pd
+            .create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
         let meta = std::fs::metadata(p.join(WAL_FILE)).unwrap();
         assert_eq!(meta.len(), 1 << 20);
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -487,8 +498,13 @@ mod tests {
         let pd = ProbeDir::open(&p).unwrap();
         let e = ProbeDir::open(&p).unwrap_err();
         assert!(matches!(e, SetupError::InUse { .. }), "{e}");
-        assert!(e.to_string().contains(&format!("pid {}", std::process::id())), "{e}");
-        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0).unwrap();
+        assert!(
+            e.to_string()
+                .contains(&format!("pid {}", std::process::id())),
+            "{e}"
+        );
+        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
         drop(pd); // a "crash": files stay, lock is released
         assert!(p.join(WAL_FILE).exists());
         let pd = ProbeDir::open(&p).unwrap();
@@ -521,7 +537,8 @@ mod tests {
         std::fs::write(&victim, b"precious").unwrap();
         std::os::unix::fs::symlink(&victim, p.join(WAL_FILE)).unwrap();
         let pd = ProbeDir::open(&p).unwrap();
-        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0).unwrap();
+        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         pd.remove_all();
     }
@@ -530,9 +547,7 @@ mod tests {
     fn reserve_is_enforced_before_writing() {
         let tmp = tempfile::tempdir().unwrap();
         let pd = ProbeDir::open(&tmp.path().join("probe")).unwrap();
-        let e = pd
-            .create_read_file(1 << 20, u64::MAX / 2)
-            .unwrap_err();
+        let e = pd.create_read_file(1 << 20, u64::MAX / 2).unwrap_err();
         assert!(matches!(e, SetupError::Reserve { .. }), "{e}");
         assert!(e.to_string().contains("free_space_reserve"), "{e}");
         assert!(!tmp.path().join("probe").join(READ_FILE).exists());

@@ -168,7 +168,9 @@ impl Runner {
             if p.engine.is_poisoned() {
                 match Engine::new(self.cfg.engine) {
                     Ok((e, _)) => p.engine = e,
-                    Err(e) => tracing::error!(volume = %self.cfg.name, error = %e, "cannot rebuild IO engine"),
+                    Err(e) => {
+                        tracing::error!(volume = %self.cfg.name, error = %e, "cannot rebuild IO engine")
+                    }
                 }
             }
             next += self.cfg.interval;
@@ -285,7 +287,8 @@ impl Runner {
     }
 
     fn failed(&mut self, f: IoFailure) {
-        self.metrics.error(&self.cfg.name, f.op.as_str(), f.cause.label());
+        self.metrics
+            .error(&self.cfg.name, f.op.as_str(), f.cause.label());
         let now = Instant::now();
         if self
             .last_error_log

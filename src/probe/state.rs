@@ -124,7 +124,8 @@ impl VolumeState {
     pub fn begin(&self, op: Op) {
         self.timeout_counted.store(false, Ordering::SeqCst);
         self.in_flight_op.store(op.index() as u8, Ordering::SeqCst);
-        self.in_flight_since.store(to_ns(Instant::now()), Ordering::SeqCst);
+        self.in_flight_since
+            .store(to_ns(Instant::now()), Ordering::SeqCst);
     }
 
     pub fn end(&self) {

@@ -1,6 +1,6 @@
 //! Helpers for integration tests: run the real binary, read its log for the
 //! bound address, scrape it over real HTTP.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -56,7 +56,10 @@ impl Exporter {
             Ok(a) => a.parse().expect("address"),
             Err(_) => {
                 let _ = child.kill();
-                panic!("exporter did not log its address; log:\n{}", log.lock().unwrap());
+                panic!(
+                    "exporter did not log its address; log:\n{}",
+                    log.lock().unwrap()
+                );
             }
         };
         Exporter { child, addr, log }
@@ -81,7 +84,10 @@ impl Exporter {
                 return m;
             }
             if Instant::now() > deadline {
-                panic!("timed out waiting for {what}; last scrape:\n{m}\nlog:\n{}", self.log());
+                panic!(
+                    "timed out waiting for {what}; last scrape:\n{m}\nlog:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -106,7 +112,10 @@ impl Exporter {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("exporter did not exit within {timeout:?}; log:\n{}", self.log());
+                panic!(
+                    "exporter did not exit within {timeout:?}; log:\n{}",
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -126,7 +135,9 @@ impl Drop for Exporter {
 pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let accept = accept.map(|a| format!("Accept: {a}\r\n")).unwrap_or_default();
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
     write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n{accept}\r\n").unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
@@ -140,7 +151,8 @@ pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, Str
         .lines()
         .find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-type").then(|| v.trim().to_string())
+            k.eq_ignore_ascii_case("content-type")
+                .then(|| v.trim().to_string())
         })
         .unwrap_or_default();
     (status, ctype, body.to_string())
@@ -151,7 +163,7 @@ pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, Str
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {
     metrics.lines().find_map(|l| {
         let rest = l.strip_prefix(series)?;
-        rest.trim().split_whitespace().next()?.parse().ok()
+        rest.split_whitespace().next()?.parse().ok()
     })
 }
 

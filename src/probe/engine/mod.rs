@@ -37,7 +37,8 @@ pub struct EngineUnavailable {
 /// when something goes wrong can never write into freed memory).
 #[derive(Debug)]
 pub enum Engine {
-    IoUring(uring::UringEngine),
+    // Boxed: the ring is large and the engine is built once per volume.
+    IoUring(Box<uring::UringEngine>),
     Sync(syscall::SyncEngine),
 }
 
@@ -48,10 +49,10 @@ impl Engine {
         match choice {
             EngineChoice::Sync => Ok((Engine::Sync(syscall::SyncEngine::new()), None)),
             EngineChoice::IoUring => uring::UringEngine::new()
-                .map(|e| (Engine::IoUring(e), None))
+                .map(|e| (Engine::IoUring(Box::new(e)), None))
                 .map_err(|reason| EngineUnavailable { reason }),
             EngineChoice::Auto => match uring::UringEngine::new() {
-                Ok(e) => Ok((Engine::IoUring(e), None)),
+                Ok(e) => Ok((Engine::IoUring(Box::new(e)), None)),
                 Err(reason) => Ok((Engine::Sync(syscall::SyncEngine::new()), Some(reason))),
             },
         }
@@ -100,7 +101,9 @@ impl Engine {
 /// requires it.
 pub fn require(choice: EngineChoice) -> Result<(), EngineUnavailable> {
     if choice == EngineChoice::IoUring {
-        uring::UringEngine::new().map(drop).map_err(|reason| EngineUnavailable { reason })?;
+        uring::UringEngine::new()
+            .map(drop)
+            .map_err(|reason| EngineUnavailable { reason })?;
     }
     Ok(())
 }

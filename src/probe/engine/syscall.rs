@@ -29,7 +29,9 @@ fn retry_eintr(mut f: impl FnMut() -> isize) -> Result<isize, i32> {
         if r >= 0 {
             return Ok(r);
         }
-        let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+        let e = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO);
         if e != libc::EINTR {
             return Err(e);
         }

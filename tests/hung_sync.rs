@@ -81,7 +81,11 @@ impl SlowVolume {
 
 impl Drop for SlowVolume {
     fn drop(&mut self) {
-        let _ = self.throttle_writes(0);
+        // Never panic in drop (it may run while unwinding).
+        let _ = std::fs::write(
+            self.cgroup.join("blkio.throttle.write_bps_device"),
+            format!("{} 0", self.majmin),
+        );
         for line in std::fs::read_to_string(self.cgroup.join("cgroup.procs"))
             .unwrap_or_default()
             .lines()

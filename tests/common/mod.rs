@@ -26,9 +26,15 @@ impl Exporter {
     }
 
     pub fn start_env(args: &[&str], env: &[(&str, &str)]) -> Exporter {
+        let mut all = vec!["--web.listen-address", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Self::start_raw(&all, env)
+    }
+
+    /// Starts the exporter with exactly these args.
+    pub fn start_raw(args: &[&str], env: &[(&str, &str)]) -> Exporter {
         let mut cmd = Command::new(BIN);
-        cmd.args(["--web.listen-address", "127.0.0.1:0"])
-            .args(args)
+        cmd.args(args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in env {

@@ -9,8 +9,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::units::{parse_bytes, parse_duration};
 use crate::types::{EngineChoice, SyncMethod};
 
-/// Default port: not used by any well-known exporter (node 9100, postgres
-/// 9187, and the others on Prometheus' port allocation list we checked).
+/// Default port. Not node_exporter's 9100, postgres_exporter's 9187 or any
+/// other exporter port we found in public material; Prometheus' allocation
+/// list (9100–9999) could not be consulted from here, so registering it there
+/// is a release task.
 pub const DEFAULT_PORT: u16 = 9847;
 
 #[derive(Debug, Parser)]

@@ -23,13 +23,6 @@ pub struct WebOptions {
 }
 
 pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
-    // Fail before binding anything if a volume insists on io_uring and the
-    // host forbids it: better a clear error at start than a silent fallback.
-    for v in &cfg.volumes {
-        crate::probe::engine::require(v.engine)
-            .with_context(|| format!("volume {:?} sets engine = \"io_uring\"", v.name))?;
-    }
-
     let roots = Roots::default();
     let volumes: Vec<Arc<VolumeState>> = cfg
         .volumes

@@ -69,11 +69,21 @@ fn run_daemon(cli: Cli) -> ExitCode {
     let cfg = match config::load(cli.config_file.as_deref(), &flags) {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(error = %e, "invalid configuration");
             eprintln!("pg-storage-exporter: invalid configuration: {e}");
             return ExitCode::from(2);
         }
     };
+    // A volume that insists on io_uring on a host that forbids it is a
+    // configuration problem: say so before binding anything.
+    for v in &cfg.volumes {
+        if let Err(e) = pg_storage_exporter::probe::engine::require(v.engine) {
+            eprintln!(
+                "pg-storage-exporter: invalid configuration: volume {:?} sets engine = \"io_uring\": {e}",
+                v.name
+            );
+            return ExitCode::from(2);
+        }
+    }
     let listen = match parse_listen(&cli.listen_address) {
         Ok(a) => a,
         Err(e) => {
@@ -113,7 +123,6 @@ fn run_daemon(cli: Cli) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "exiting");
             eprintln!("pg-storage-exporter: {e:#}");
             ExitCode::from(1)
         }

@@ -363,6 +363,30 @@ fn bad_flags_are_refused() {
 }
 
 #[test]
+fn required_io_uring_on_a_host_without_it_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["--probe.path", &format!("t={}", dir.path().display())])
+        .args([
+            "--probe.engine",
+            "io_uring",
+            "--web.listen-address",
+            "127.0.0.1:0",
+        ])
+        .env("PG_STORAGE_EXPORTER_DISABLE_IO_URING", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("volume \"t\" sets engine = \"io_uring\": io_uring is not available"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "printed once: {err}");
+    assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
 fn version_flag() {
     let out = std::process::Command::new(BIN)
         .arg("--version")

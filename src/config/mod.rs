@@ -190,7 +190,7 @@ pub fn build(
     let shutdown_timeout = match &raw.shutdown_timeout {
         Some(w) => {
             let d = w.get_ref().0;
-            if d.is_zero() || d > Duration::from_secs(300) {
+            if d < Duration::from_millis(100) || d > Duration::from_secs(300) {
                 return Err(invalid(
                     at(Some(w.span())),
                     "shutdown_timeout",
@@ -635,9 +635,13 @@ pub fn check_probe_dir(volume: &Path, probe_dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The PostgreSQL data directory or WAL directory that contains `p`, if any.
-/// A data directory is recognised by `PG_VERSION` next to `global/`; WAL
-/// directories by name (`pg_wal`, or `pg_xlog` before PostgreSQL 10).
+/// The PostgreSQL-owned directory that contains `p`, if any:
+/// - a data directory: `PG_VERSION` next to `global/`;
+/// - a WAL directory: named `pg_wal` (`pg_xlog` before 10), or holding
+///   `archive_status/`, which PostgreSQL creates in every WAL directory,
+///   so a `pg_wal` symlinked elsewhere (`initdb --waldir`) is caught by
+///   content whatever its name;
+/// - a tablespace location: holding a `PG_<major>_<catversion>` directory.
 pub fn postgres_owned_ancestor(p: &Path) -> Option<PathBuf> {
     let mut cur = PathBuf::new();
     for comp in p.components() {
@@ -647,11 +651,39 @@ pub fn postgres_owned_ancestor(p: &Path) -> Option<PathBuf> {
         {
             return Some(cur);
         }
+        if matches!(comp, Component::RootDir) {
+            continue;
+        }
         if cur.join("PG_VERSION").is_file() && cur.join("global").is_dir() {
+            return Some(cur);
+        }
+        if cur.join("archive_status").is_dir() {
+            return Some(cur);
+        }
+        if is_tablespace_location(&cur) {
             return Some(cur);
         }
     }
     None
+}
+
+fn is_tablespace_location(dir: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    rd.filter_map(Result::ok).any(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let mut parts = name.splitn(3, '_');
+        parts.next() == Some("PG")
+            && parts
+                .next()
+                .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()))
+            && parts
+                .next()
+                .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()))
+            && e.file_type().is_ok_and(|t| t.is_dir())
+    })
 }
 
 #[cfg(test)]

@@ -93,6 +93,10 @@ fn error_messages_table() {
             vec![":6: volume.name: duplicate volume name \"v\""],
         ),
         (
+            "shutdown_timeout = \"1us\"\n".to_string(),
+            vec![":1: shutdown_timeout: 1µs is out of range: use 100ms to 5m"],
+        ),
+        (
             "[defaults]\ninterval = \"2h\"\n".to_string(),
             vec![":2: defaults.interval: 7200s is out of range"],
         ),
@@ -222,6 +226,28 @@ fn refuses_to_probe_inside_a_data_directory() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("the exporter never writes there"), "{e}");
+    }
+    // pg_wal symlinked to another directory (initdb --waldir): recognised by
+    // its archive_status/ whatever the target is called.
+    let waldir = dir.path().join("walvol");
+    std::fs::create_dir_all(waldir.join("archive_status")).unwrap();
+    std::fs::remove_dir(data.join("pg_wal")).unwrap();
+    std::os::unix::fs::symlink(&waldir, data.join("pg_wal")).unwrap();
+    // A tablespace location holds PG_<major>_<catversion>.
+    let ts = dir.path().join("ts1");
+    std::fs::create_dir_all(ts.join("PG_18_202506291")).unwrap();
+    for target in [data.join("pg_wal"), waldir.clone(), ts.clone()] {
+        let flags = FlagOverrides {
+            probe_paths: vec![format!("x={}", target.display())],
+            ..Default::default()
+        };
+        let e = build(None, RawConfig::default(), &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the exporter never writes there"),
+            "{target:?}: {e}"
+        );
     }
     // Beside the data directory is fine.
     let flags = FlagOverrides {

@@ -63,7 +63,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => 3600.0,
         "" => {
             return Err(format!(
-                "invalid duration {s:?}: a unit is required (ms, s, m or h), e.g. \"1s\""
+                "invalid duration {s:?}: a unit is required (us, ms, s, m or h), e.g. \"1s\""
             ));
         }
         other => {

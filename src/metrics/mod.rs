@@ -3,6 +3,7 @@
 //! already in memory. Nothing here does IO or waits on a disk.
 
 pub mod buckets;
+pub mod derived;
 pub mod probe;
 
 use std::sync::Arc;
@@ -59,18 +60,25 @@ impl Metrics {
         }
     }
 
-    /// Encodes the current state.
+    /// Encodes the current state. One snapshot per volume is taken, so all
+    /// derived series of a scrape agree with each other.
     pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
+        let now = std::time::Instant::now();
+        let snaps: Vec<_> = self
+            .volumes
+            .iter()
+            .map(|v| (v.as_ref(), v.snapshot(now, &crate::model::WINDOW_QUANTILES)))
+            .collect();
         let mut out = String::with_capacity(64 * 1024);
         match format {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
-                probe::encode_window_summary(&mut out, &self.volumes);
+                derived::encode(&mut out, &snaps);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
-                probe::encode_window_summary(&mut out, &self.volumes);
+                derived::encode(&mut out, &snaps);
             }
         }
         Ok(out)

@@ -131,11 +131,16 @@ pub fn warnings(o: &Observed<'_>) -> Vec<Warning> {
             && s.p50 > 0.0
             && s.p999 > HEAVY_TAIL_RATIO * s.p50
         {
+            let consequence = if op == Op::Read {
+                "a query reading pages one by one stalls on each such read"
+            } else {
+                "every backend waiting in group commit behind that sync waits with it"
+            };
             out.push(Warning {
                 code: "heavy_tail",
                 message: format!(
                     "{op} has a heavy tail: p99.9 {} is {:.0}× the p50 {}; one in a thousand \
-                     operations waits that long, and every backend in group commit waits with it",
+                     operations waits that long, and {consequence}",
                     fmt_seconds(s.p999),
                     s.p999 / s.p50,
                     fmt_seconds(s.p50)

@@ -359,6 +359,17 @@ impl ProbeDir {
                 Err(e) => problems.push(format!("{}: {e}", self.path.join(name).display())),
             }
         }
+        // Remove the directory only if it is ours: created by this run, or
+        // carrying one of the exporter's own names (left by an earlier run).
+        // A directory an administrator made and configured as probe_dir
+        // stays, so the next start does not need write access to its parent.
+        let ours = self.created
+            || self.path.file_name().is_some_and(|n| {
+                n == crate::config::PROBE_DIR_NAME || n == crate::check::CHECK_DIR_NAME
+            });
+        if !ours {
+            return problems;
+        }
         match std::fs::remove_dir(&self.path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -541,6 +552,27 @@ mod tests {
             .unwrap();
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         pd.remove_all();
+    }
+
+    #[test]
+    fn an_administrators_probe_dir_is_kept_ours_is_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let admin = tmp.path().join("made-by-admin");
+        std::fs::create_dir(&admin).unwrap();
+        std::fs::set_permissions(&admin, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let pd = ProbeDir::open(&admin).unwrap();
+        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
+        assert!(pd.remove_all().is_empty());
+        assert!(admin.is_dir(), "kept");
+        assert_eq!(std::fs::read_dir(&admin).unwrap().count(), 0, "but emptied");
+
+        let leftover = tmp.path().join(crate::config::PROBE_DIR_NAME);
+        std::fs::create_dir(&leftover).unwrap();
+        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let pd = ProbeDir::open(&leftover).unwrap();
+        assert!(pd.remove_all().is_empty());
+        assert!(!leftover.exists(), "an earlier run's directory is removed");
     }
 
     #[test]

@@ -34,9 +34,7 @@ impl Exporter {
     /// Starts the exporter with exactly these args.
     pub fn start_raw(args: &[&str], env: &[(&str, &str)]) -> Exporter {
         let mut cmd = Command::new(BIN);
-        cmd.args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);
         }

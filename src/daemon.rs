@@ -1,10 +1,8 @@
-//! The long-running exporter: probe threads, watchdog, HTTP, and an orderly
-//! shutdown that always removes the probe files.
+//! The long-running exporter: probe threads, collectors, watchdog, HTTP, and
+//! an orderly shutdown that always removes the probe files.
 
-use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -12,9 +10,6 @@ use anyhow::Context;
 use crate::config::Config;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
-use crate::probe::fsinfo::{self, Roots};
-use crate::probe::runner::{self, Stop};
-use crate::probe::state::VolumeState;
 
 #[derive(Debug, Clone)]
 pub struct WebOptions {
@@ -23,19 +18,8 @@ pub struct WebOptions {
 }
 
 pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
-    let roots = Roots::default();
-    let volumes: Vec<Arc<VolumeState>> = cfg
-        .volumes
-        .iter()
-        .map(|v| {
-            Arc::new(VolumeState::new(
-                v,
-                cfg.window,
-                fsinfo::lookup(&v.path, &roots),
-            ))
-        })
-        .collect();
-    let metrics = Arc::new(Metrics::new(volumes.clone()));
+    let (metrics, volumes) = Metrics::new(cfg.window);
+    let metrics = Arc::new(metrics);
 
     let listener = tokio::net::TcpListener::bind(web.listen)
         .await
@@ -48,37 +32,17 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
         "listening"
     );
 
-    let stop = Stop::new();
-    let (done_tx, done_rx) = mpsc::channel::<String>();
-    let mut running = HashSet::new();
-    for (vcfg, state) in cfg.volumes.iter().zip(&volumes) {
-        tracing::info!(
-            volume = %vcfg.name,
-            path = %vcfg.path.display(),
-            device = %state.snapshot(Instant::now(), &[]).fs.device,
-            probe_dir = %vcfg.probe_dir.display(),
-            "volume configured"
-        );
-        runner::spawn(
-            vcfg.clone(),
-            state.clone(),
-            metrics.probe.clone(),
-            stop.clone(),
-            done_tx.clone(),
-        )
-        .with_context(|| format!("starting the probe thread of volume {:?}", vcfg.name))?;
-        running.insert(vcfg.name.clone());
+    for v in &cfg.volumes {
+        volumes.add(v.clone())?;
     }
-    drop(done_tx);
 
     let watchdog = {
         let volumes = volumes.clone();
-        let probe_metrics = metrics.probe.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tick.tick().await;
-                runner::check_timeouts(&volumes, &probe_metrics, Instant::now());
+                volumes.check_timeouts(Instant::now());
             }
         })
     };
@@ -88,14 +52,18 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
         telemetry_path: web.telemetry_path.clone(),
         volumes: volumes.clone(),
     }));
-    axum::serve(listener, app)
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await
-        .context("HTTP server failed")?;
+        .context("HTTP server failed");
     watchdog.abort();
 
-    shutdown(&stop, done_rx, running, &volumes, cfg.shutdown_timeout).await;
-    Ok(())
+    let timeout = cfg.shutdown_timeout;
+    let set = volumes.clone();
+    tokio::task::spawn_blocking(move || set.shutdown(timeout))
+        .await
+        .context("shutdown task")?;
+    served
 }
 
 async fn shutdown_signal() {
@@ -120,63 +88,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term => tracing::info!(signal = "SIGTERM", "shutting down"),
         _ = int => tracing::info!(signal = "SIGINT", "shutting down"),
-    }
-}
-
-/// Stops the probe threads, waits at most `timeout` for them, then removes
-/// every volume's probe files whether or not its thread finished. A thread
-/// stuck in a sync cannot be interrupted; it is abandoned (the process exits
-/// around it) and said so in the log.
-async fn shutdown(
-    stop: &Stop,
-    done: mpsc::Receiver<String>,
-    mut running: HashSet<String>,
-    volumes: &[Arc<VolumeState>],
-    timeout: Duration,
-) {
-    stop.stop();
-    let deadline = Instant::now() + timeout;
-    let waited = tokio::task::spawn_blocking(move || {
-        while !running.is_empty() {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match done.recv_timeout(left) {
-                Ok(name) => {
-                    running.remove(&name);
-                }
-                Err(_) => break,
-            }
-        }
-        running
-    })
-    .await
-    .unwrap_or_default();
-    let now = Instant::now();
-    for name in &waited {
-        let stuck = volumes
-            .iter()
-            .find(|v| &v.name == name)
-            .and_then(|v| v.in_flight(now));
-        match stuck {
-            Some((op, age)) => tracing::warn!(
-                volume = %name,
-                op = %op,
-                in_flight = ?age,
-                "abandoning probe thread stuck in IO; its probe files are removed anyway"
-            ),
-            None => {
-                tracing::warn!(volume = %name, "abandoning probe thread that did not stop in time")
-            }
-        }
-    }
-    for v in volumes {
-        if let Some(dir) = v.probe_dir() {
-            let problems = dir.remove_all();
-            if problems.is_empty() {
-                tracing::info!(volume = %v.name, probe_dir = %dir.path().display(), "removed probe files");
-            }
-            for p in problems {
-                tracing::error!(volume = %v.name, problem = %p, "could not remove probe file");
-            }
-        }
     }
 }

@@ -13,13 +13,13 @@ use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
 use crate::metrics::{Format, Metrics};
-use crate::probe::state::VolumeState;
+use crate::probe::set::VolumeSet;
 
 #[derive(Debug)]
 pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub telemetry_path: String,
-    pub volumes: Vec<Arc<VolumeState>>,
+    pub volumes: Arc<VolumeSet>,
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -60,7 +60,7 @@ fn esc(s: &str) -> String {
 async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
     let now = Instant::now();
     let mut rows = String::new();
-    for v in &s.volumes {
+    for v in &s.volumes.list() {
         let snap = v.snapshot(now, &[0.5, 0.99]);
         let q = |i: usize, k: usize| {
             snap.quantiles[i]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
-use crate::probe::state::VolumeState;
+use crate::probe::set::VolumeSet;
 
 pub const PREFIX: &str = "pgstorage";
 
@@ -44,28 +44,31 @@ impl Format {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    volumes: Vec<Arc<VolumeState>>,
-    pub probe: probe::ProbeMetrics,
+    volumes: Arc<VolumeSet>,
 }
 
 impl Metrics {
-    pub fn new(volumes: Vec<Arc<VolumeState>>) -> Metrics {
+    /// Builds the registry and the volume set whose probes feed it.
+    pub fn new(window: std::time::Duration) -> (Metrics, Arc<VolumeSet>) {
         let mut registry = Registry::default();
-        let probe = probe::ProbeMetrics::register(&mut registry, volumes.clone());
+        let probe = probe::ProbeMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
-        Metrics {
-            registry,
+        let volumes = VolumeSet::new(window, probe);
+        (
+            Metrics {
+                registry,
+                volumes: volumes.clone(),
+            },
             volumes,
-            probe,
-        }
+        )
     }
 
     /// Encodes the current state. One snapshot per volume is taken, so all
     /// derived series of a scrape agree with each other.
     pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
         let now = std::time::Instant::now();
-        let snaps: Vec<_> = self
-            .volumes
+        let volumes = self.volumes.list();
+        let snaps: Vec<_> = volumes
             .iter()
             .map(|v| (v.as_ref(), v.snapshot(now, &crate::model::WINDOW_QUANTILES)))
             .collect();

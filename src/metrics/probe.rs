@@ -2,8 +2,6 @@
 //! error and cache-served counters. Window-derived metrics are in
 //! [`super::derived`].
 
-use std::sync::Arc;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -46,7 +44,7 @@ pub struct ProbeMetrics {
 }
 
 impl ProbeMetrics {
-    pub fn register(registry: &mut Registry, volumes: Vec<Arc<VolumeState>>) -> ProbeMetrics {
+    pub fn register(registry: &mut Registry) -> ProbeMetrics {
         let m = ProbeMetrics {
             seconds: Family::new_with_constructor(new_histogram as fn() -> Histogram),
             errors: Family::default(),
@@ -72,33 +70,34 @@ impl ProbeMetrics {
              served by a cache below this OS (hypervisor, controller, disk), not by the media",
             m.cache_served.clone(),
         );
-        // Series that should exist from the start, so rate() and alerts see
-        // the first increment.
-        for v in &volumes {
-            let ops: &[Op] = match (v.commit_probe, v.read_probe) {
-                (true, true) => &[Op::Commit, Op::Read],
-                (true, false) => &[Op::Commit],
-                (false, true) => &[Op::Read],
-                (false, false) => &[],
-            };
-            for op in ops {
-                m.errors
-                    .get_or_create(&ErrorLabels {
-                        volume: v.name.clone(),
-                        op: op.as_str(),
-                        error: "timeout",
-                    })
-                    .get();
-            }
-            if v.read_probe {
-                m.cache_served
-                    .get_or_create(&VolumeLabels {
-                        volume: v.name.clone(),
-                    })
-                    .get();
-            }
-        }
         m
+    }
+
+    /// Creates a new volume's series that should exist from the start, so
+    /// rate() and alerts see the first increment.
+    pub fn init_volume(&self, v: &VolumeState) {
+        let ops: &[Op] = match (v.commit_probe, v.read_probe) {
+            (true, true) => &[Op::Commit, Op::Read],
+            (true, false) => &[Op::Commit],
+            (false, true) => &[Op::Read],
+            (false, false) => &[],
+        };
+        for op in ops {
+            self.errors
+                .get_or_create(&ErrorLabels {
+                    volume: v.name.clone(),
+                    op: op.as_str(),
+                    error: "timeout",
+                })
+                .get();
+        }
+        if v.read_probe {
+            self.cache_served
+                .get_or_create(&VolumeLabels {
+                    volume: v.name.clone(),
+                })
+                .get();
+        }
     }
 
     pub fn observe(&self, volume: &str, op: Op, seconds: f64) {

@@ -10,6 +10,7 @@ pub mod engine;
 pub mod files;
 pub mod fsinfo;
 pub mod runner;
+pub mod set;
 pub mod state;
 
 use std::fmt;

@@ -80,6 +80,21 @@ pub struct Cli {
     #[arg(long = "probe.free-space-reserve", value_parser = parse_bytes, value_name = "SIZE")]
     pub free_space_reserve: Option<u64>,
 
+    /// Watch a PostgreSQL cluster: [NAME=]DSN (libpq key=value string or
+    /// postgresql:// URL), repeatable. NAME defaults to pg<port>. Also read
+    /// from the DATA_SOURCE_NAME environment variable.
+    #[arg(long = "pg.dsn", value_name = "[NAME=]DSN")]
+    pub pg_dsns: Vec<String>,
+
+    /// How often --pg.dsn clusters' statistics are read (e.g. 10s).
+    #[arg(long = "pg.scrape-interval", value_parser = parse_duration, value_name = "DURATION")]
+    pub pg_scrape_interval: Option<Duration>,
+
+    /// Do not turn --pg.dsn clusters' data, WAL and tablespace directories
+    /// into probed volumes.
+    #[arg(long = "no-pg.discover-volumes")]
+    pub no_pg_discovery: bool,
+
     #[command(subcommand)]
     pub command: Option<Command>,
 }

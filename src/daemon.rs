@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::collectors::postgres::ClusterState;
 use crate::config::Config;
 use crate::http::{AppState, router};
 use crate::metrics::Metrics;
@@ -34,6 +35,25 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
 
     for v in &cfg.volumes {
         volumes.add(v.clone())?;
+    }
+
+    let clusters = metrics.clusters();
+    for c in &cfg.clusters {
+        let state = ClusterState::new(&c.collector.name, cfg.window);
+        clusters.add(state.clone());
+        tracing::info!(
+            cluster = %c.collector.name,
+            target = %c.target.display,
+            discover_volumes = c.collector.discover_volumes,
+            "watching PostgreSQL"
+        );
+        tokio::spawn(crate::collectors::postgres::run(
+            c.collector.clone(),
+            c.target.clone(),
+            state,
+            volumes.clone(),
+            cfg.volume_defaults.clone(),
+        ));
     }
 
     let watchdog = {

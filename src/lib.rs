@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod cli;
+pub mod collectors;
 pub mod config;
 pub mod daemon;
 pub mod http;

@@ -64,6 +64,18 @@ fn run_daemon(cli: Cli) -> ExitCode {
         interval: cli.interval,
         read_file_size: cli.read_file_size,
         free_space_reserve: cli.free_space_reserve,
+        pg_dsns: {
+            let mut d = cli.pg_dsns.clone();
+            // postgres_exporter's convention, so existing deployments carry over.
+            if let Ok(env) = std::env::var("DATA_SOURCE_NAME")
+                && !env.trim().is_empty()
+            {
+                d.push(env);
+            }
+            d
+        },
+        pg_scrape_interval: cli.pg_scrape_interval,
+        pg_no_discovery: cli.no_pg_discovery,
     };
     // Configuration errors exit with 2 before any port is bound or file written.
     let cfg = match config::load(cli.config_file.as_deref(), &flags) {

@@ -52,6 +52,59 @@ pub struct Config {
     pub window: Duration,
     pub shutdown_timeout: Duration,
     pub volumes: Vec<VolumeConfig>,
+    pub clusters: Vec<ClusterConfig>,
+    /// Settings for volumes discovered at run time.
+    pub volume_defaults: VolumeDefaults,
+}
+
+pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(10);
+pub const DEFAULT_WAIT_SAMPLING_INTERVAL: Duration = Duration::from_secs(1);
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A PostgreSQL cluster to watch, with its connection target resolved.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub collector: crate::collectors::postgres::ClusterConfig,
+    pub target: crate::collectors::postgres::dsn::Target,
+}
+
+/// The `[defaults]` settings, kept for volumes discovered at run time.
+#[derive(Debug, Clone)]
+pub struct VolumeDefaults {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub read_file_size: u64,
+    pub free_space_reserve: u64,
+    pub engine: EngineChoice,
+    pub cache_served_threshold: Duration,
+}
+
+impl VolumeDefaults {
+    /// A discovered volume with these settings.
+    pub fn volume(
+        &self,
+        name: String,
+        path: PathBuf,
+        probe_dir: PathBuf,
+        commit_probe: bool,
+        read_probe: bool,
+        sync_method: SyncMethod,
+    ) -> VolumeConfig {
+        VolumeConfig {
+            name,
+            path,
+            probe_dir,
+            commit_probe,
+            read_probe,
+            interval: self.interval,
+            timeout: self.timeout,
+            read_file_size: self.read_file_size,
+            sync_method,
+            free_space_reserve: self.free_space_reserve,
+            engine: self.engine,
+            cache_served_threshold: self.cache_served_threshold,
+        }
+    }
 }
 
 /// One volume to probe, fully resolved.
@@ -129,6 +182,12 @@ pub struct FlagOverrides {
     pub interval: Option<Duration>,
     pub read_file_size: Option<u64>,
     pub free_space_reserve: Option<u64>,
+    /// `--pg.dsn [NAME=]DSN`, in order (DATA_SOURCE_NAME is added by the caller).
+    pub pg_dsns: Vec<String>,
+    /// `--pg.scrape-interval` for clusters from flags.
+    pub pg_scrape_interval: Option<Duration>,
+    /// `--no-pg.discover-volumes`.
+    pub pg_no_discovery: bool,
 }
 
 /// Loads and validates the configuration from an optional file plus flags.
@@ -203,6 +262,8 @@ pub fn build(
     };
 
     let defaults = raw.defaults.unwrap_or_default();
+    let env = |k: &str| std::env::var(k).ok();
+    let clusters = clusters(&raw.cluster, flags, &at, &env)?;
     let mut volumes = Vec::new();
     for (i, v) in raw.volume.iter().enumerate() {
         volumes.push(volume_from_file(i, v, &defaults, &at)?);
@@ -210,7 +271,9 @@ pub fn build(
     for spec in &flags.probe_paths {
         volumes.push(volume_from_flag(spec, &defaults, flags, &at)?);
     }
-    if volumes.is_empty() {
+    // The embedded default volume only when nothing else says what to probe:
+    // with clusters, discovery does.
+    if volumes.is_empty() && clusters.is_empty() {
         let mut v = volume_from_flag(
             &format!("{DEFAULT_VOLUME_NAME}={DEFAULT_VOLUME_PATH}"),
             &defaults,
@@ -263,11 +326,163 @@ pub fn build(
         }
     }
 
+    let base = settings(
+        &|field, _vol, span, message| ConfigError::Invalid {
+            origin: at(span),
+            key: format!("defaults.{field}"),
+            message,
+        },
+        &RawVolumeDefaults::default(),
+        &defaults,
+    )?;
+    let volume_defaults = VolumeDefaults {
+        interval: base.interval,
+        timeout: base.timeout,
+        read_file_size: base.read_file_size,
+        free_space_reserve: base.free_space_reserve,
+        engine: base.engine,
+        cache_served_threshold: base.cache_served_threshold,
+    };
     Ok(Config {
         window,
         shutdown_timeout,
         volumes,
+        clusters,
+        volume_defaults,
     })
+}
+
+/// Cluster names label every PostgreSQL series and prefix discovered
+/// volume names (`<cluster>/wal`): same rules as volume names, minus `/`.
+pub fn validate_cluster_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 48 {
+        return Err(format!(
+            "invalid cluster name {name:?}: use 1 to 48 characters"
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        return Err(format!(
+            "invalid cluster name {name:?}: character {c:?} not allowed (use letters, digits, _ - .)"
+        ));
+    }
+    Ok(())
+}
+
+fn clusters(
+    raw: &[raw::RawCluster],
+    flags: &FlagOverrides,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+    env: crate::collectors::postgres::dsn::Env<'_>,
+) -> Result<Vec<ClusterConfig>, ConfigError> {
+    use crate::collectors::postgres::{ClusterConfig as Collector, dsn};
+    let mut out: Vec<ClusterConfig> = Vec::new();
+    for (i, c) in raw.iter().enumerate() {
+        let key = |k: &str| format!("cluster[{i}].{k}");
+        let invalid =
+            |span: std::ops::Range<usize>, k: &str, message: String| ConfigError::Invalid {
+                origin: at(Some(span)),
+                key: key(k),
+                message,
+            };
+        let name = c.name.get_ref().clone();
+        validate_cluster_name(&name).map_err(|m| invalid(c.name.span(), "name", m))?;
+        let password_file = c.password_file.as_ref().map(|p| absolute(p.get_ref()));
+        let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref())
+            .map_err(|e| invalid(c.dsn.span(), "dsn", e.to_string()))?;
+        let dur =
+            |v: &Option<Sp<units::HumanDuration>>, k: &str, default: Duration, min: Duration| {
+                match v {
+                    Some(x) => {
+                        let d = x.get_ref().0;
+                        if d < min || d > Duration::from_secs(3600) {
+                            Err(invalid(
+                                x.span(),
+                                k,
+                                format!("{d:?} is out of range: use {min:?} to 1h"),
+                            ))
+                        } else {
+                            Ok(d)
+                        }
+                    }
+                    None => Ok(default),
+                }
+            };
+        out.push(ClusterConfig {
+            collector: Collector {
+                name,
+                dsn: c.dsn.get_ref().clone(),
+                password_file,
+                scrape_interval: dur(
+                    &c.scrape_interval,
+                    "scrape_interval",
+                    DEFAULT_SCRAPE_INTERVAL,
+                    Duration::from_millis(100),
+                )?,
+                wait_sampling_interval: dur(
+                    &c.wait_sampling_interval,
+                    "wait_sampling_interval",
+                    DEFAULT_WAIT_SAMPLING_INTERVAL,
+                    Duration::from_millis(100),
+                )?,
+                statement_timeout: dur(
+                    &c.statement_timeout,
+                    "statement_timeout",
+                    DEFAULT_STATEMENT_TIMEOUT,
+                    Duration::from_millis(100),
+                )?,
+                discover_volumes: c
+                    .discover_volumes
+                    .as_ref()
+                    .map(|b| *b.get_ref())
+                    .unwrap_or(true),
+            },
+            target,
+        });
+    }
+    for spec in &flags.pg_dsns {
+        let (name, text) = dsn::split_name(spec);
+        let flag_err = |message: String| ConfigError::Invalid {
+            origin: Origin::Flag("--pg.dsn"),
+            key: name
+                .map(str::to_string)
+                .unwrap_or_else(|| "DSN".to_string()),
+            message,
+        };
+        let target = dsn::target(text, env, None).map_err(|e| flag_err(e.to_string()))?;
+        let name = name
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("pg{}", target.port));
+        validate_cluster_name(&name).map_err(flag_err)?;
+        out.push(ClusterConfig {
+            collector: Collector {
+                name,
+                dsn: text.to_string(),
+                password_file: None,
+                scrape_interval: flags.pg_scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL),
+                wait_sampling_interval: DEFAULT_WAIT_SAMPLING_INTERVAL,
+                statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+                discover_volumes: !flags.pg_no_discovery,
+            },
+            target,
+        });
+    }
+    let mut seen = HashSet::new();
+    for c in &out {
+        if !seen.insert(c.collector.name.clone()) {
+            return Err(ConfigError::Invalid {
+                origin: Origin::Default,
+                key: "cluster.name".into(),
+                message: format!(
+                    "duplicate cluster name {:?}: name each cluster (NAME=DSN on the command line)",
+                    c.collector.name
+                ),
+            });
+        }
+    }
+    Ok(out)
 }
 
 /// Settings a volume takes from `[defaults]` unless it sets its own.

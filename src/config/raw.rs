@@ -25,6 +25,25 @@ pub struct RawConfig {
     /// Volumes to probe.
     #[serde(default)]
     pub volume: Vec<RawVolume>,
+    /// PostgreSQL clusters to watch.
+    #[serde(default)]
+    pub cluster: Vec<RawCluster>,
+}
+
+/// One `[[cluster]]` table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    /// Label value of `cluster` on every series of this cluster.
+    pub name: Sp<String>,
+    /// libpq connection string or postgresql:// URL.
+    pub dsn: Sp<String>,
+    /// File holding the password (one line), instead of one in the DSN.
+    pub password_file: Option<Sp<PathBuf>>,
+    pub scrape_interval: Option<Sp<HumanDuration>>,
+    pub wait_sampling_interval: Option<Sp<HumanDuration>>,
+    pub statement_timeout: Option<Sp<HumanDuration>>,
+    pub discover_volumes: Option<Sp<bool>>,
 }
 
 /// `[defaults]`: the per-volume settings, without identity.

@@ -11,25 +11,14 @@
 
 use std::fmt::Write;
 
-use crate::model::ceiling::commit_ceiling;
+use crate::collectors::postgres::ClusterSnapshot;
+use crate::model::ceiling::{commit_ceiling, sync_ratio};
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::Op;
 
 const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
-/// Escapes a label value (backslash, double quote, newline).
-pub fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use super::text::escape;
 
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
@@ -37,7 +26,7 @@ fn header(out: &mut String, name: &str, kind: &str, help: &str) {
 }
 
 /// Appends the derived metric families for `snaps` to `out`.
-pub fn encode(out: &mut String, snaps: &[(&VolumeState, Snapshot)]) {
+pub fn encode(out: &mut String, snaps: &[(&VolumeState, Snapshot)], clusters: &[ClusterSnapshot]) {
     header(
         out,
         "pgstorage_probe_window_seconds",
@@ -142,8 +131,9 @@ pub fn encode(out: &mut String, snaps: &[(&VolumeState, Snapshot)]) {
         "gauge",
         "Most commits per second one client can do on this volume: 1 / commit probe latency (WAL \
          write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99. \
-         Statement work and network round trips come on top; group commit lets many clients \
-         together exceed it.",
+         basis=postgres uses PostgreSQL's own mean WAL sync time over the window, on the \
+         cluster's WAL volume. Statement work and network round trips come on top; group commit \
+         lets many clients together exceed it.",
     );
     for (v, s) in snaps {
         if let Some(qs) = &s.quantiles[Op::Commit.index()] {
@@ -158,15 +148,42 @@ pub fn encode(out: &mut String, snaps: &[(&VolumeState, Snapshot)]) {
             }
         }
     }
-}
+    for c in clusters {
+        if let (Some(vol), Some(mean)) = (c.wal_volume(), c.wal_sync_mean)
+            && let Some(ceiling) = commit_ceiling(mean)
+        {
+            let _ = writeln!(
+                out,
+                "pgstorage_commit_ceiling_per_second{{volume=\"{}\",basis=\"postgres\"}} {ceiling}",
+                escape(vol)
+            );
+        }
+    }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn escapes_label_values() {
-        assert_eq!(escape(r#"/srv/a"b\c"#), r#"/srv/a\"b\\c"#);
-        assert_eq!(escape("x\ny"), "x\\ny");
+    header(
+        out,
+        "pgstorage_pg_wal_sync_probe_ratio",
+        "gauge",
+        "PostgreSQL's mean WAL sync time over the window divided by the probe's mean sync (or \
+         O_DSYNC write) time on the cluster's WAL volume. Near 1: PostgreSQL's syncs cost what the \
+         storage costs. Far above 1: something slows PostgreSQL that the probe does not feel (a \
+         cgroup cap on PostgreSQL, contention with checkpoints, a different device).",
+    );
+    for c in clusters {
+        let (Some(vol), Some(pg)) = (c.wal_volume(), c.wal_sync_mean) else {
+            continue;
+        };
+        let Some((_, s)) = snaps.iter().find(|(v, _)| v.name == vol) else {
+            continue;
+        };
+        let probe = s.means[Op::Sync.index()].or(s.means[Op::Commit.index()]);
+        if let Some(r) = probe.and_then(|p| sync_ratio(pg, p)) {
+            let _ = writeln!(
+                out,
+                "pgstorage_pg_wal_sync_probe_ratio{{cluster=\"{}\",volume=\"{}\"}} {r}",
+                escape(&c.name),
+                escape(vol)
+            );
+        }
     }
 }

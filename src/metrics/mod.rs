@@ -4,12 +4,15 @@
 
 pub mod buckets;
 pub mod derived;
+pub mod postgres;
 pub mod probe;
+pub mod text;
 
 use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
+use crate::collectors::postgres::ClusterSet;
 use crate::probe::set::VolumeSet;
 
 pub const PREFIX: &str = "pgstorage";
@@ -45,6 +48,7 @@ impl Format {
 pub struct Metrics {
     registry: Registry,
     volumes: Arc<VolumeSet>,
+    clusters: Arc<ClusterSet>,
 }
 
 impl Metrics {
@@ -58,9 +62,14 @@ impl Metrics {
             Metrics {
                 registry,
                 volumes: volumes.clone(),
+                clusters: Arc::new(ClusterSet::default()),
             },
             volumes,
         )
+    }
+
+    pub fn clusters(&self) -> Arc<ClusterSet> {
+        self.clusters.clone()
     }
 
     /// Encodes the current state. One snapshot per volume is taken, so all
@@ -72,16 +81,19 @@ impl Metrics {
             .iter()
             .map(|v| (v.as_ref(), v.snapshot(now, &crate::model::WINDOW_QUANTILES)))
             .collect();
+        let clusters = self.clusters.snapshots();
         let mut out = String::with_capacity(64 * 1024);
         match format {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
-                derived::encode(&mut out, &snaps);
+                derived::encode(&mut out, &snaps, &clusters);
+                postgres::encode(&mut out, format, &clusters);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
-                derived::encode(&mut out, &snaps);
+                derived::encode(&mut out, &snaps, &clusters);
+                postgres::encode(&mut out, format, &clusters);
             }
         }
         Ok(out)

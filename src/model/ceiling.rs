@@ -17,9 +17,58 @@ pub fn commit_ceiling(commit_latency_seconds: f64) -> Option<f64> {
     }
 }
 
+/// PostgreSQL's mean WAL sync time between two readings of its cumulative
+/// counters (syncs, seconds spent syncing): Δseconds / Δsyncs. `None` when
+/// no sync happened in between, or a counter went backwards (statistics
+/// reset or server restart), so no made-up figure reaches a dashboard.
+pub fn mean_sync_seconds(earlier: (f64, f64), later: (f64, f64)) -> Option<f64> {
+    let syncs = later.0 - earlier.0;
+    let secs = later.1 - earlier.1;
+    if syncs >= 1.0 && secs >= 0.0 && secs.is_finite() {
+        Some(secs / syncs)
+    } else {
+        None
+    }
+}
+
+/// How much slower PostgreSQL's own syncs were than the probe's: far above
+/// 1 means something slows PostgreSQL that the probe does not feel (its
+/// cgroup cap, contention with checkpoints, a different device).
+pub fn sync_ratio(postgres_mean: f64, probe_mean: f64) -> Option<f64> {
+    if postgres_mean.is_finite()
+        && probe_mean.is_finite()
+        && probe_mean > 0.0
+        && postgres_mean >= 0.0
+    {
+        Some(postgres_mean / probe_mean)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_mean_sync_table() {
+        // FACTS §5: pg_stat_io WAL fsync mean ≈ 223 µs uncapped, ≈ 23 ms capped.
+        let cases = [
+            ((1000.0, 0.5), (11000.0, 2.73), Some(0.000_223)),
+            ((10.0, 1.0), (54.0, 2.012), Some(0.023)),
+            ((5.0, 1.0), (5.0, 1.0), None),
+            ((500.0, 9.0), (20.0, 0.1), None),
+        ];
+        for (a, b, want) in cases {
+            let got = mean_sync_seconds(a, b);
+            match (got, want) {
+                (Some(g), Some(w)) => assert!((g - w).abs() / w < 1e-9, "{a:?} {b:?}: {g}"),
+                _ => assert_eq!(got, want, "{a:?} {b:?}"),
+            }
+        }
+        assert_eq!(sync_ratio(0.023, 0.00015).map(|r| r.round()), Some(153.0));
+        assert_eq!(sync_ratio(0.001, 0.0), None);
+    }
 
     fn close(a: f64, b: f64, rel: f64) -> bool {
         ((a - b) / b).abs() <= rel

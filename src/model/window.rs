@@ -77,6 +77,16 @@ impl Window {
         quantile::quantiles(&live, qs)
     }
 
+    /// Mean of the samples younger than the span at `now`.
+    pub fn mean(&self, now: Instant) -> Option<f64> {
+        let (n, sum) = self
+            .samples
+            .iter()
+            .filter(|(t, _)| now.saturating_duration_since(*t) <= self.span)
+            .fold((0usize, 0.0), |(n, s), &(_, v)| (n + 1, s + v));
+        (n > 0).then(|| sum / n as f64)
+    }
+
     /// Number of samples younger than the span at `now`.
     pub fn live_len(&self, now: Instant) -> usize {
         self.samples
@@ -101,6 +111,7 @@ mod tests {
             Some(vec![0.002])
         );
         assert_eq!(w.live_len(t0 + Duration::from_secs(6)), 2);
+        assert_eq!(w.mean(t0 + Duration::from_secs(6)), Some(0.0015));
         // At t0+11 s the first sample is older than 10 s.
         assert_eq!(
             w.quantiles(t0 + Duration::from_secs(11), &[0.0]),

@@ -59,6 +59,8 @@ pub struct Snapshot {
     /// Per op (indexed by [`Op::index`]): window quantiles, if any samples.
     pub quantiles: [Option<Vec<f64>>; 4],
     pub samples: [usize; 4],
+    /// Per op: mean over the window.
+    pub means: [Option<f64>; 4],
     /// Lifetime number and sum of samples per op.
     pub count: [u64; 4],
     pub sum: [f64; 4],
@@ -164,6 +166,7 @@ impl VolumeState {
     pub fn snapshot(&self, now: Instant, qs: &[f64]) -> Snapshot {
         let mut quantiles: [Option<Vec<f64>>; 4] = Default::default();
         let mut samples = [0usize; 4];
+        let mut means = [None; 4];
         let mut count = [0u64; 4];
         let mut sum = [0f64; 4];
         if let Ok(w) = self.windows.lock() {
@@ -171,6 +174,7 @@ impl VolumeState {
                 if let Some(win) = w.window.get(op.index()) {
                     quantiles[op.index()] = win.quantiles(now, qs);
                     samples[op.index()] = win.live_len(now);
+                    means[op.index()] = win.mean(now);
                 }
             }
             count = w.count;
@@ -181,6 +185,7 @@ impl VolumeState {
             engine: self.engine(),
             quantiles,
             samples,
+            means,
             count,
             sum,
             in_flight: self.in_flight(now),

@@ -335,12 +335,14 @@ pub fn build(
         &RawVolumeDefaults::default(),
         &defaults,
     )?;
+    // Discovered volumes take [defaults], then the --probe.* flags, like
+    // --probe.path volumes (their sync method follows the cluster instead).
     let volume_defaults = VolumeDefaults {
-        interval: base.interval,
+        interval: flags.interval.unwrap_or(base.interval),
         timeout: base.timeout,
-        read_file_size: base.read_file_size,
-        free_space_reserve: base.free_space_reserve,
-        engine: base.engine,
+        read_file_size: flags.read_file_size.unwrap_or(base.read_file_size),
+        free_space_reserve: flags.free_space_reserve.unwrap_or(base.free_space_reserve),
+        engine: flags.engine.unwrap_or(base.engine),
         cache_served_threshold: base.cache_served_threshold,
     };
     Ok(Config {

@@ -217,10 +217,17 @@ impl Runner {
             tracing::info!(volume = %self.cfg.name, reason = %reason, "io_uring unavailable, using the sync (syscall) engine");
         }
         self.state.set_engine(engine.kind());
-        let dir = Arc::new(ProbeDir::open(&self.cfg.probe_dir)?);
-        // Registered before any file exists, so shutdown can remove files
-        // even while this thread is still writing them.
-        self.state.set_probe_dir(dir.clone());
+        // A retry reuses the directory (and its lock) of the failed attempt.
+        let dir = match self.state.probe_dir() {
+            Some(d) => d,
+            None => {
+                let d = Arc::new(ProbeDir::open(&self.cfg.probe_dir)?);
+                // Registered before any file exists, so shutdown can remove
+                // files even while this thread is still writing them.
+                self.state.set_probe_dir(d.clone());
+                d
+            }
+        };
         let reserve = self.cfg.free_space_reserve;
         let wal = if self.cfg.commit_probe {
             Some(dir.create_wal_file(WAL_FILE_SIZE, self.cfg.sync_method, reserve)?)

@@ -245,7 +245,7 @@ pub async fn run(
         match session(&cfg, &client, &state, &volumes, &defaults, &mut discovered).await {
             Ok(()) => {}
             Err(e) => {
-                tracing::warn!(cluster = %cfg.name, error = %e, "lost the PostgreSQL connection; reconnecting");
+                tracing::warn!(cluster = %cfg.name, error = %tls::describe(&e), "lost the PostgreSQL connection; reconnecting");
             }
         }
         state.down();
@@ -303,7 +303,7 @@ async fn session(
                     Err(e) if e.is_closed() => return Err(e),
                     Err(e) => {
                         state.error("waits");
-                        tracing::debug!(cluster = %cfg.name, error = %e, "wait event sample failed");
+                        tracing::debug!(cluster = %cfg.name, error = %tls::describe(&e), "wait event sample failed");
                     }
                 }
             }
@@ -324,7 +324,7 @@ fn keep<T>(
         Err(e) if e.is_closed() => Err(e),
         Err(e) => {
             state.error(what);
-            tracing::warn!(cluster = %state.name, query = what, error = %e, "query failed");
+            tracing::warn!(cluster = %state.name, query = what, error = %tls::describe(&e), "query failed");
             Ok(None)
         }
     }

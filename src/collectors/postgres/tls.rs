@@ -27,10 +27,30 @@ use super::dsn::{SslMode, Target};
 
 #[derive(Debug, Error)]
 pub enum ConnectError {
-    #[error("{0}")]
+    #[error("{}", describe(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("TLS setup: {0}")]
     Tls(String),
+}
+
+/// tokio-postgres prints a server error as just "db error"; the server's
+/// message (password authentication failed, database does not exist, ...)
+/// is what an operator needs. It never contains the password.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    }
+    let mut s = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(inner) = src {
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = inner.source();
+    }
+    s
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

@@ -1,0 +1,445 @@
+//! The exporter against real PostgreSQL 15 and 18 servers started by the
+//! test harness (tests/common/pg.rs): counters against PostgreSQL's own,
+//! pg_stat_io by version, restarts, bad passwords, volume discovery.
+
+// Test code: a panic is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "common/pg.rs"]
+mod pg;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use pg::{PgKind, PgServer};
+
+const MON_PASSWORD: &str = "Mon-Pa55word-4-tests";
+
+/// Starts the exporter watching `pg` as a pg_monitor-only role, with fast
+/// intervals, plus a small probed volume in `dir` so probe activity can be
+/// checked while PostgreSQL is down.
+fn exporter(pg: &PgServer, dir: &Path, extra: &str) -> Exporter {
+    let cfg = dir.join("c.toml");
+    let probe = dir.join("vol");
+    std::fs::create_dir_all(&probe).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "window = \"1m\"\n\
+             [[volume]]\nname = \"t\"\npath = \"{}\"\ninterval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n\
+             [[cluster]]\nname = \"c\"\ndsn = \"{}\"\nscrape_interval = \"500ms\"\nwait_sampling_interval = \"200ms\"\n{extra}\n",
+            probe.display(),
+            pg.dsn("mon", MON_PASSWORD)
+        ),
+    )
+    .unwrap();
+    Exporter::start(&["--config.file", cfg.to_str().unwrap()])
+}
+
+fn value(m: &str, series: &str) -> Option<f64> {
+    sample(m, series)
+}
+
+fn pg_up(m: &str) -> Option<f64> {
+    value(m, "pgstorage_pg_up{cluster=\"c\"}")
+}
+
+fn own_wal_syncs(pg: &PgServer) -> f64 {
+    let sql = if pg.major() >= 18 {
+        "SELECT sum(fsyncs) FROM pg_stat_io WHERE object = 'wal' AND context = 'normal'"
+    } else {
+        "SELECT wal_sync FROM pg_stat_wal"
+    };
+    pg.psql(sql).parse().unwrap()
+}
+
+fn own_commits(pg: &PgServer) -> f64 {
+    pg.psql("SELECT sum(xact_commit) FROM pg_stat_database")
+        .parse()
+        .unwrap()
+}
+
+fn within(a: f64, b: f64, rel: f64) -> bool {
+    b > 0.0 && ((a - b) / b).abs() <= rel
+}
+
+fn counters_track_postgres(kind: PgKind) {
+    let Some(pg) = PgServer::start(kind, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    let dir = tempfile::tempdir().unwrap();
+    let ex = exporter(&pg, dir.path(), "discover_volumes = false");
+    ex.wait_for("pg_up 1", Duration::from_secs(30), |m| {
+        pg_up(m) == Some(1.0)
+    });
+    // Let statistics settle, then read both sides.
+    std::thread::sleep(Duration::from_millis(1500));
+    let p0 = (own_wal_syncs(&pg), own_commits(&pg));
+    std::thread::sleep(Duration::from_millis(1200));
+    let m0 = ex.metrics();
+    let e0 = (
+        value(&m0, "pgstorage_pg_wal_syncs_total{cluster=\"c\"}").unwrap(),
+        value(&m0, "pgstorage_pg_commits_total{cluster=\"c\"}").unwrap(),
+    );
+    let out = pg.pgbench_inserts(4, 20);
+    assert!(out.contains("tps"), "{out}");
+    std::thread::sleep(Duration::from_millis(2000));
+    let p1 = (own_wal_syncs(&pg), own_commits(&pg));
+    std::thread::sleep(Duration::from_millis(1200));
+    let m1 = ex.metrics();
+    let e1 = (
+        value(&m1, "pgstorage_pg_wal_syncs_total{cluster=\"c\"}").unwrap(),
+        value(&m1, "pgstorage_pg_commits_total{cluster=\"c\"}").unwrap(),
+    );
+    let (dsyncs_e, dsyncs_p) = (e1.0 - e0.0, p1.0 - p0.0);
+    let (dcommits_e, dcommits_p) = (e1.1 - e0.1, p1.1 - p0.1);
+    eprintln!(
+        "PostgreSQL {}: WAL syncs exporter {dsyncs_e} / postgres {dsyncs_p}; commits exporter {dcommits_e} / postgres {dcommits_p}",
+        pg.major()
+    );
+    assert!(
+        dsyncs_p > 1000.0,
+        "pgbench should cause many WAL syncs: {dsyncs_p}"
+    );
+    assert!(
+        within(dsyncs_e, dsyncs_p, 0.10),
+        "WAL syncs {dsyncs_e} vs {dsyncs_p}"
+    );
+    assert!(
+        within(dcommits_e, dcommits_p, 0.10),
+        "commits {dcommits_e} vs {dcommits_p}"
+    );
+
+    // Times are there (timing is on in the harness), and PostgreSQL's own
+    // mean sync is plausible.
+    let mean = value(&m1, "pgstorage_pg_wal_sync_mean_seconds{cluster=\"c\"}").unwrap();
+    assert!(mean > 0.0 && mean < 10.0, "{mean}");
+    assert_eq!(
+        value(
+            &m1,
+            "pgstorage_pg_io_timing_enabled{cluster=\"c\",setting=\"track_wal_io_timing\"}"
+        ),
+        Some(1.0)
+    );
+    assert!(m1.contains(&format!(
+        "pgstorage_pg_setting_info{{cluster=\"c\",name=\"wal_sync_method\""
+    )));
+    let waits = samples_with(
+        &m1,
+        "pgstorage_pg_wait_event_seconds_total",
+        &["cluster=\"c\""],
+    );
+    assert!(!waits.is_empty());
+
+    // pg_stat_io exists from 16: labelled series on 18, none on 15.
+    let io = samples_with(&m1, "pgstorage_pg_io_operations_total", &["cluster=\"c\""]);
+    let io_bytes = samples_with(&m1, "pgstorage_pg_io_bytes_total", &["cluster=\"c\""]);
+    if pg.major() >= 16 {
+        assert!(
+            io.iter()
+                .any(|(s, v)| s.contains("backend_type=\"client backend\"")
+                    && s.contains("object=\"relation\"")
+                    && s.contains("context=\"normal\"")
+                    && s.contains("op=\"extend\"")
+                    && *v > 0.0),
+            "{io:?}"
+        );
+        assert!(
+            io.iter().any(|(s, _)| s.contains("object=\"wal\"")),
+            "18 has WAL rows"
+        );
+        assert!(!io_bytes.is_empty());
+    } else {
+        assert!(io.is_empty() && io_bytes.is_empty(), "{io:?}");
+    }
+    let log = ex.log();
+    for bad in ["level=error", "level=warn"] {
+        assert!(
+            !log.contains(bad),
+            "PostgreSQL {}: {bad} in log:\n{log}",
+            pg.major()
+        );
+    }
+}
+
+#[test]
+fn counters_track_postgres_15() {
+    counters_track_postgres(PgKind::V15);
+}
+
+#[test]
+fn counters_track_postgres_18() {
+    counters_track_postgres(PgKind::V18);
+}
+
+fn survives_restart(kind: PgKind) {
+    let Some(pg) = PgServer::start(kind, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    let dir = tempfile::tempdir().unwrap();
+    let ex = exporter(&pg, dir.path(), "discover_volumes = false");
+    ex.wait_for("pg_up 1", Duration::from_secs(30), |m| {
+        pg_up(m) == Some(1.0)
+    });
+
+    let stopped = Instant::now();
+    pg.stop();
+    let m = ex.wait_for("pg_up 0", Duration::from_secs(10), |m| {
+        pg_up(m) == Some(0.0)
+    });
+    let took = stopped.elapsed();
+    // Two scrape intervals (2 × 500 ms) plus the time pg_ctl took to return.
+    assert!(
+        took < Duration::from_secs(3),
+        "pg_up went to 0 after {took:?}"
+    );
+    assert!(
+        value(&m, "pgstorage_pg_wal_syncs_total{cluster=\"c\"}").is_none(),
+        "no stale values while down"
+    );
+    // Probes and /metrics go on while PostgreSQL is down.
+    let c0 = count(&m, "t", "commit");
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(ex.get("/metrics").0);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    assert!(
+        count(&ex.metrics(), "t", "commit") > c0,
+        "probes kept running"
+    );
+
+    pg.start_again();
+    ex.wait_for("pg_up back to 1", Duration::from_secs(40), |m| {
+        pg_up(m) == Some(1.0)
+    });
+    assert!(
+        ex.log().contains("cannot connect to PostgreSQL")
+            || ex.log().contains("lost the PostgreSQL connection")
+    );
+}
+
+#[test]
+fn survives_restart_15() {
+    survives_restart(PgKind::V15);
+}
+
+#[test]
+fn survives_restart_18() {
+    survives_restart(PgKind::V18);
+}
+
+#[test]
+fn wrong_password_is_a_clear_error_without_the_password() {
+    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    let dir = tempfile::tempdir().unwrap();
+    let wrong = "Wr0ng-Secret-xyzzy";
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        &format!("c={}", pg.dsn("mon", wrong)),
+        "--pg.scrape-interval",
+        "500ms",
+        "--no-pg.discover-volumes",
+        "--probe.path",
+        &format!("t={}", dir.path().display()),
+        "--probe.free-space-reserve",
+        "0",
+    ]);
+    let m = ex.wait_for("a connect error", Duration::from_secs(30), |m| {
+        value(
+            m,
+            "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\"}",
+        )
+        .unwrap_or(0.0)
+            >= 1.0
+    });
+    assert_eq!(pg_up(&m), Some(0.0));
+    let log = ex.log();
+    assert!(
+        log.contains("password authentication failed for user"),
+        "{log}"
+    );
+    assert!(log.contains("user=mon"), "the target is named: {log}");
+    assert!(!log.contains(wrong), "password leaked into the log:\n{log}");
+    assert!(!m.contains(wrong), "password leaked into metrics");
+}
+
+/// An ext4 loop device mounted under a temp dir, owned by postgres.
+struct LoopMount {
+    _tmp: tempfile::TempDir,
+    mnt: std::path::PathBuf,
+    dev: String,
+}
+
+impl LoopMount {
+    fn new() -> Option<LoopMount> {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(!pg::ci(), "CI must run the discovery test as root");
+            eprintln!("SKIPPED: loop devices need root");
+            return None;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let img = tmp.path().join("img");
+        let mnt = tmp.path().join("walvol");
+        std::fs::create_dir(&mnt).unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(256 << 20)
+            .unwrap();
+        let out = Command::new("losetup")
+            .args(["-f", "--show", img.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert!(
+            Command::new("mkfs.ext4")
+                .args(["-q", &dev])
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(
+            Command::new("mount")
+                .args([&dev, mnt.to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(
+            Command::new("chown")
+                .args(["postgres:postgres", mnt.to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        // The harness's temp dir must be traversable by postgres.
+        assert!(
+            Command::new("chmod")
+                .args(["755", tmp.path().to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        Some(LoopMount {
+            _tmp: tmp,
+            mnt,
+            dev,
+        })
+    }
+}
+
+impl Drop for LoopMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+#[test]
+fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
+    let Some(lm) = LoopMount::new() else { return };
+    let waldir = lm.mnt.join("pg_wal");
+    let Some(pg) = PgServer::start(PgKind::V18, Some(&waldir)) else {
+        return;
+    };
+    assert!(
+        std::fs::symlink_metadata(pg.data_dir().join("pg_wal"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    pg.create_role("mon", MON_PASSWORD, true);
+    // The WAL probe must follow the cluster's wal_sync_method.
+    pg.psql("ALTER SYSTEM SET wal_sync_method = 'fsync'");
+    pg.psql("SELECT pg_reload_conf()");
+    std::thread::sleep(Duration::from_millis(500));
+
+    let mut ex = Exporter::start(&[
+        "--pg.dsn",
+        &format!("c18={}", pg.dsn("mon", MON_PASSWORD)),
+        "--pg.scrape-interval",
+        "500ms",
+        "--probe.interval",
+        "200ms",
+        "--probe.read-file-size",
+        "4MiB",
+        "--probe.free-space-reserve",
+        "0",
+    ]);
+    let m = ex.wait_for(
+        "probes on both discovered volumes",
+        Duration::from_secs(60),
+        |m| count(m, "c18/wal", "commit") >= 2.0 && count(m, "c18/data", "read") >= 2.0,
+    );
+    let loopname = Path::new(&lm.dev)
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let info = samples_with(&m, "pgstorage_volume_info", &["volume=\"c18/wal\""]);
+    assert_eq!(info.len(), 1, "{m}");
+    assert!(
+        info[0].0.contains(&format!("device=\"{loopname}\"")),
+        "{}",
+        info[0].0
+    );
+    assert!(info[0].0.contains("sync_method=\"fsync\""), "{}", info[0].0);
+    assert!(info[0].0.contains(&format!(
+        "path=\"{}\"",
+        waldir.canonicalize().unwrap().display()
+    )));
+    // The data volume reads; the WAL volume commits; neither does the other.
+    assert_eq!(count(&m, "c18/data", "commit"), 0.0);
+    assert_eq!(count(&m, "c18/wal", "read"), 0.0);
+    for role in ["data", "wal"] {
+        assert!(
+            m.contains(&format!("pgstorage_cluster_volume_info{{cluster=\"c18\",volume=\"c18/{role}\",role=\"{role}\"}} 1")),
+            "{role}: {m}"
+        );
+    }
+    // Probe directories beside PostgreSQL's, never inside.
+    let wal_probe = lm.mnt.join("pg-storage-exporter-probe-c18");
+    assert!(wal_probe.join("wal.probe").exists());
+    let data_parent = pg
+        .data_dir()
+        .canonicalize()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let data_probe = data_parent.join("pg-storage-exporter-probe-c18");
+    assert!(data_probe.join("read.probe").exists());
+    assert!(
+        !dir_entries(&pg.data_dir().join("pg_wal"))
+            .iter()
+            .any(|e| e.contains("probe"))
+    );
+    assert!(
+        !dir_entries(pg.data_dir())
+            .iter()
+            .any(|e| e.contains("probe"))
+    );
+
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(Duration::from_secs(15)).success());
+    assert!(
+        !wal_probe.exists() && !data_probe.exists(),
+        "probe dirs removed at shutdown"
+    );
+    drop(pg);
+}

@@ -125,9 +125,7 @@ fn counters_track_postgres(kind: PgKind) {
         ),
         Some(1.0)
     );
-    assert!(m1.contains(&format!(
-        "pgstorage_pg_setting_info{{cluster=\"c\",name=\"wal_sync_method\""
-    )));
+    assert!(m1.contains("pgstorage_pg_setting_info{cluster=\"c\",name=\"wal_sync_method\""));
     let waits = samples_with(
         &m1,
         "pgstorage_pg_wait_event_seconds_total",

@@ -387,6 +387,68 @@ fn required_io_uring_on_a_host_without_it_is_a_config_error() {
 }
 
 #[test]
+fn data_source_name_adds_a_cluster_and_an_unreachable_one_is_pg_up_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let np = format!("t={}", dir.path().display());
+    let mut args = fast_probe_args(&np);
+    args.extend(["--pg.scrape-interval".to_string(), "200ms".to_string()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Port 1 on loopback: nothing listens there.
+    let ex = Exporter::start_env(
+        &refs,
+        &[(
+            "DATA_SOURCE_NAME",
+            "host=127.0.0.1 port=1 user=x password=Secret-Never-Logged sslmode=disable",
+        )],
+    );
+    let m = ex.wait_for(
+        "pg_up 0 and a connect error",
+        Duration::from_secs(20),
+        |m| {
+            m.contains("pgstorage_pg_up{cluster=\"pg1\"} 0")
+                && sample(
+                    m,
+                    "pgstorage_pg_scrape_errors_total{cluster=\"pg1\",query=\"connect\"}",
+                )
+                .unwrap_or(0.0)
+                    >= 1.0
+        },
+    );
+    assert_eq!(sample(&m, "pgstorage_pg_up{cluster=\"pg1\"}"), Some(0.0));
+    // Probing goes on regardless.
+    ex.wait_for("probes", Duration::from_secs(10), |m| {
+        count(m, "t", "commit") >= 1.0
+    });
+    let log = ex.log();
+    assert!(
+        log.contains("target=\"host=127.0.0.1 port=1 user=x dbname=x sslmode=disable\""),
+        "{log}"
+    );
+    assert!(!log.contains("Secret-Never-Logged"), "{log}");
+}
+
+#[test]
+fn bad_dsn_is_a_config_error_naming_the_option() {
+    let out = std::process::Command::new(BIN)
+        .args([
+            "--pg.dsn",
+            "main=host=/run/postgresql colour=blue",
+            "--web.listen-address",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(
+            "flag --pg.dsn: main: invalid connection string: unknown connection option \"colour\""
+        ),
+        "{err}"
+    );
+}
+
+#[test]
 fn version_flag() {
     let out = std::process::Command::new(BIN)
         .arg("--version")

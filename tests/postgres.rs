@@ -154,6 +154,13 @@ fn counters_track_postgres(kind: PgKind) {
     } else {
         assert!(io.is_empty() && io_bytes.is_empty(), "{io:?}");
     }
+    let named = pg.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg-storage-exporter'",
+    );
+    assert!(
+        named.parse::<u32>().unwrap() >= 1,
+        "application_name is set"
+    );
     let log = ex.log();
     for bad in ["level=error", "level=warn"] {
         assert!(
@@ -410,6 +417,30 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
             "{role}: {m}"
         );
     }
+    // PostgreSQL's own WAL syncs give the third ceiling basis, on the WAL
+    // volume, and the ratio to the probe's syncs.
+    pg.pgbench_inserts(1, 3);
+    let m = ex.wait_for("basis=postgres", Duration::from_secs(20), |m| {
+        value(
+            m,
+            "pgstorage_commit_ceiling_per_second{volume=\"c18/wal\",basis=\"postgres\"}",
+        )
+        .is_some()
+    });
+    let ceiling = value(
+        &m,
+        "pgstorage_commit_ceiling_per_second{volume=\"c18/wal\",basis=\"postgres\"}",
+    )
+    .unwrap();
+    let mean = value(&m, "pgstorage_pg_wal_sync_mean_seconds{cluster=\"c18\"}").unwrap();
+    assert!((ceiling * mean - 1.0).abs() < 1e-9, "{ceiling} {mean}");
+    let ratio = value(
+        &m,
+        "pgstorage_pg_wal_sync_probe_ratio{cluster=\"c18\",volume=\"c18/wal\"}",
+    )
+    .unwrap();
+    assert!(ratio > 0.0 && ratio < 1000.0, "{ratio}");
+
     // Probe directories beside PostgreSQL's, never inside.
     let wal_probe = lm.mnt.join("pg-storage-exporter-probe-c18");
     assert!(wal_probe.join("wal.probe").exists());
@@ -440,4 +471,150 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
         "probe dirs removed at shutdown"
     );
     drop(pg);
+}
+
+#[test]
+fn tls_follows_sslmode() {
+    // Debian's PostgreSQL 15 is built with OpenSSL; the PyPI 18 build is not.
+    let Some(pg) = PgServer::start(PgKind::V15, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    // A CA and a server certificate it signed, for localhost only.
+    let certs = tempfile::tempdir().unwrap();
+    let p = |n: &str| certs.path().join(n).to_str().unwrap().to_string();
+    let (ca, crt, key) = (
+        certs.path().join("ca.crt"),
+        certs.path().join("server.crt"),
+        certs.path().join("server.key"),
+    );
+    std::fs::write(
+        certs.path().join("ext"),
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let steps: [Vec<String>; 3] = [
+        [
+            "req",
+            "-new",
+            "-x509",
+            "-days",
+            "2",
+            "-nodes",
+            "-subj",
+            "/CN=test-ca",
+            "-keyout",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([p("ca.key"), "-out".into(), p("ca.crt")])
+        .collect(),
+        ["req", "-new", "-nodes", "-subj", "/CN=localhost", "-keyout"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([p("server.key"), "-out".into(), p("server.csr")])
+            .collect(),
+        ["x509", "-req", "-days", "2", "-CAcreateserial", "-in"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain([
+                p("server.csr"),
+                "-CA".into(),
+                p("ca.crt"),
+                "-CAkey".into(),
+                p("ca.key"),
+                "-extfile".into(),
+                p("ext"),
+                "-out".into(),
+                p("server.crt"),
+            ])
+            .collect(),
+    ];
+    for args in steps {
+        let ok = Command::new("openssl").args(&args).output().unwrap();
+        assert!(
+            ok.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&ok.stderr)
+        );
+    }
+    for (src, name) in [(&crt, "server.crt"), (&key, "server.key")] {
+        let dst = pg.data_dir().join(name);
+        std::fs::copy(src, &dst).unwrap();
+        assert!(
+            Command::new("chown")
+                .args(["postgres:postgres", dst.to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(
+            Command::new("chmod")
+                .args(["600", dst.to_str().unwrap()])
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    pg.psql("ALTER SYSTEM SET ssl = on");
+    pg.psql("SELECT pg_reload_conf()");
+    std::thread::sleep(Duration::from_millis(500));
+    let port = pg.port();
+    let base = format!("port={port} user=mon password={MON_PASSWORD} dbname=postgres");
+    let crt = ca.display();
+    // (DSN, connects?)
+    let cases = [
+        (format!("host=127.0.0.1 {base} sslmode=require"), true),
+        (
+            format!("host=localhost {base} sslmode=verify-full sslrootcert={crt}"),
+            true,
+        ),
+        (
+            format!("host=127.0.0.1 {base} sslmode=verify-ca sslrootcert={crt}"),
+            true,
+        ),
+        // The certificate names localhost, not 127.0.0.1.
+        (
+            format!("host=127.0.0.1 {base} sslmode=verify-full sslrootcert={crt}"),
+            false,
+        ),
+    ];
+    for (dsn, connects) in cases {
+        let ex = Exporter::start(&[
+            "--pg.dsn",
+            &format!("c={dsn}"),
+            "--pg.scrape-interval",
+            "300ms",
+            "--no-pg.discover-volumes",
+        ]);
+        if connects {
+            ex.wait_for("pg_up 1", Duration::from_secs(20), |m| {
+                pg_up(m) == Some(1.0)
+            });
+            let encrypted = pg.psql(
+                "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+                 WHERE ssl AND application_name = 'pg-storage-exporter'",
+            );
+            assert!(
+                encrypted.parse::<u32>().unwrap() >= 1,
+                "{dsn}: not encrypted"
+            );
+        } else {
+            ex.wait_for("a connect error", Duration::from_secs(20), |m| {
+                value(
+                    m,
+                    "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\"}",
+                )
+                .unwrap_or(0.0)
+                    >= 1.0
+            });
+            assert!(
+                ex.log().contains("NotValidForName") || ex.log().contains("not valid for name"),
+                "{}",
+                ex.log()
+            );
+            assert_eq!(pg_up(&ex.metrics()), Some(0.0));
+        }
+        assert!(!ex.log().contains(MON_PASSWORD));
+    }
 }

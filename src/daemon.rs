@@ -56,6 +56,13 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
         ));
     }
 
+    tokio::spawn(crate::collectors::limits::run(
+        cfg.limits.clone(),
+        volumes.clone(),
+        clusters.clone(),
+        metrics.limits(),
+    ));
+
     let watchdog = {
         let volumes = volumes.clone();
         tokio::spawn(async move {

@@ -55,8 +55,20 @@ pub struct Config {
     pub clusters: Vec<ClusterConfig>,
     /// Settings for volumes discovered at run time.
     pub volume_defaults: VolumeDefaults,
+    pub limits: LimitsConfig,
 }
 
+/// Where and how often IO limits are read.
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
+    pub interval: Duration,
+    pub cgroup_root: PathBuf,
+    pub proc_root: PathBuf,
+    pub sys_root: PathBuf,
+}
+
+pub const DEFAULT_SWEEP_DURATION: Duration = Duration::from_secs(8);
+pub const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_WAIT_SAMPLING_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -77,6 +89,8 @@ pub struct VolumeDefaults {
     pub free_space_reserve: u64,
     pub engine: EngineChoice,
     pub cache_served_threshold: Duration,
+    pub sweep_every: Duration,
+    pub sweep_duration: Duration,
 }
 
 impl VolumeDefaults {
@@ -103,6 +117,9 @@ impl VolumeDefaults {
             free_space_reserve: self.free_space_reserve,
             engine: self.engine,
             cache_served_threshold: self.cache_served_threshold,
+            sweep_every: self.sweep_every,
+            sweep_duration: self.sweep_duration,
+            provisioned: Vec::new(),
         }
     }
 }
@@ -124,6 +141,11 @@ pub struct VolumeConfig {
     pub free_space_reserve: u64,
     pub engine: EngineChoice,
     pub cache_served_threshold: Duration,
+    /// Queue-depth sweep period; zero = off.
+    pub sweep_every: Duration,
+    pub sweep_duration: Duration,
+    /// Provisioned (cloud) limits: (resource label, value).
+    pub provisioned: Vec<(&'static str, u64)>,
 }
 
 /// Where a setting came from, so an error can point at it.
@@ -344,6 +366,39 @@ pub fn build(
         free_space_reserve: flags.free_space_reserve.unwrap_or(base.free_space_reserve),
         engine: flags.engine.unwrap_or(base.engine),
         cache_served_threshold: base.cache_served_threshold,
+        sweep_every: base.sweep_every,
+        sweep_duration: base.sweep_duration,
+    };
+    let limits = LimitsConfig {
+        interval: match &raw.limits_interval {
+            Some(x) => {
+                let d = x.get_ref().0;
+                if d < Duration::from_millis(200) || d > Duration::from_secs(600) {
+                    return Err(invalid(
+                        at(Some(x.span())),
+                        "limits_interval",
+                        format!("{d:?} is out of range: use 200ms to 10m"),
+                    ));
+                }
+                d
+            }
+            None => DEFAULT_LIMITS_INTERVAL,
+        },
+        cgroup_root: raw
+            .cgroup_root
+            .as_ref()
+            .map(|p| absolute(p.get_ref()))
+            .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
+        proc_root: raw
+            .proc_root
+            .as_ref()
+            .map(|p| absolute(p.get_ref()))
+            .unwrap_or_else(|| PathBuf::from("/proc")),
+        sys_root: raw
+            .sys_root
+            .as_ref()
+            .map(|p| absolute(p.get_ref()))
+            .unwrap_or_else(|| PathBuf::from("/sys")),
     };
     Ok(Config {
         window,
@@ -351,6 +406,7 @@ pub fn build(
         volumes,
         clusters,
         volume_defaults,
+        limits,
     })
 }
 
@@ -498,6 +554,8 @@ struct Settings {
     free_space_reserve: u64,
     engine: EngineChoice,
     cache_served_threshold: Duration,
+    sweep_every: Duration,
+    sweep_duration: Duration,
 }
 
 fn volume_from_file(
@@ -545,7 +603,38 @@ fn volume_from_file(
         key: pd_key,
         message,
     })?;
-    Ok(finish(name, path, probe_dir, s))
+    let mut vc = finish(name, path, probe_dir, s);
+    vc.provisioned = [
+        ("iops", v.provisioned_iops.as_ref().map(|x| *x.get_ref())),
+        (
+            "read_iops",
+            v.provisioned_read_iops.as_ref().map(|x| *x.get_ref()),
+        ),
+        (
+            "write_iops",
+            v.provisioned_write_iops.as_ref().map(|x| *x.get_ref()),
+        ),
+        (
+            "bytes_per_second",
+            v.provisioned_throughput.as_ref().map(|x| x.get_ref().0),
+        ),
+        (
+            "read_bytes_per_second",
+            v.provisioned_read_throughput
+                .as_ref()
+                .map(|x| x.get_ref().0),
+        ),
+        (
+            "write_bytes_per_second",
+            v.provisioned_write_throughput
+                .as_ref()
+                .map(|x| x.get_ref().0),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| v.filter(|&x| x > 0).map(|x| (k, x)))
+    .collect();
+    Ok(vc)
 }
 
 /// Reports a bad setting: field name, whether the volume (not `[defaults]`)
@@ -651,6 +740,38 @@ fn settings(
         }
         None => DEFAULT_CACHE_SERVED_THRESHOLD,
     };
+    let sweep_every = match pick(&v.sweep_every, &d.sweep_every) {
+        Some((x, vol)) => {
+            let t = x.get_ref().0;
+            if !t.is_zero() && t < Duration::from_secs(60) {
+                return Err(err(
+                    "sweep_every",
+                    vol,
+                    Some(x.span()),
+                    format!(
+                        "{t:?} is too often: a sweep loads the device; use 0s (off) or at least 1m"
+                    ),
+                ));
+            }
+            t
+        }
+        None => Duration::ZERO,
+    };
+    let sweep_duration = match pick(&v.sweep_duration, &d.sweep_duration) {
+        Some((x, vol)) => {
+            let t = x.get_ref().0;
+            if t < Duration::from_secs(1) || t > Duration::from_secs(300) {
+                return Err(err(
+                    "sweep_duration",
+                    vol,
+                    Some(x.span()),
+                    format!("{t:?} is out of range: use 1s to 5m"),
+                ));
+            }
+            t
+        }
+        None => DEFAULT_SWEEP_DURATION,
+    };
     Ok(Settings {
         commit_probe,
         read_probe,
@@ -661,6 +782,8 @@ fn settings(
         free_space_reserve,
         engine,
         cache_served_threshold,
+        sweep_every,
+        sweep_duration,
     })
 }
 
@@ -678,6 +801,9 @@ fn finish(name: String, path: PathBuf, probe_dir: PathBuf, s: Settings) -> Volum
         free_space_reserve: s.free_space_reserve,
         engine: s.engine,
         cache_served_threshold: s.cache_served_threshold,
+        sweep_every: s.sweep_every,
+        sweep_duration: s.sweep_duration,
+        provisioned: Vec::new(),
     }
 }
 

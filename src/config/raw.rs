@@ -28,6 +28,15 @@ pub struct RawConfig {
     /// PostgreSQL clusters to watch.
     #[serde(default)]
     pub cluster: Vec<RawCluster>,
+    /// How often IO limits and counters are read.
+    pub limits_interval: Option<Sp<HumanDuration>>,
+    /// Where cgroup hierarchies are mounted (tests point it at fixtures; an
+    /// empty directory turns cgroup reading off).
+    pub cgroup_root: Option<Sp<PathBuf>>,
+    /// procfs mount point.
+    pub proc_root: Option<Sp<PathBuf>>,
+    /// sysfs mount point.
+    pub sys_root: Option<Sp<PathBuf>>,
 }
 
 /// One `[[cluster]]` table.
@@ -58,6 +67,8 @@ pub struct RawVolumeDefaults {
     pub free_space_reserve: Option<Sp<ByteSize>>,
     pub engine: Option<Sp<EngineChoice>>,
     pub cache_served_threshold: Option<Sp<HumanDuration>>,
+    pub sweep_every: Option<Sp<HumanDuration>>,
+    pub sweep_duration: Option<Sp<HumanDuration>>,
 }
 
 /// One `[[volume]]` table.
@@ -78,6 +89,15 @@ pub struct RawVolume {
     pub free_space_reserve: Option<Sp<ByteSize>>,
     pub engine: Option<Sp<EngineChoice>>,
     pub cache_served_threshold: Option<Sp<HumanDuration>>,
+    pub sweep_every: Option<Sp<HumanDuration>>,
+    pub sweep_duration: Option<Sp<HumanDuration>>,
+    /// Provisioned (cloud) limits of the volume's disk.
+    pub provisioned_iops: Option<Sp<u64>>,
+    pub provisioned_read_iops: Option<Sp<u64>>,
+    pub provisioned_write_iops: Option<Sp<u64>>,
+    pub provisioned_throughput: Option<Sp<ByteSize>>,
+    pub provisioned_read_throughput: Option<Sp<ByteSize>>,
+    pub provisioned_write_throughput: Option<Sp<ByteSize>>,
 }
 
 impl RawVolume {
@@ -92,6 +112,8 @@ impl RawVolume {
             free_space_reserve: self.free_space_reserve.clone(),
             engine: self.engine.clone(),
             cache_served_threshold: self.cache_served_threshold.clone(),
+            sweep_every: self.sweep_every.clone(),
+            sweep_duration: self.sweep_duration.clone(),
         }
     }
 }

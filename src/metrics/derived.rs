@@ -11,6 +11,7 @@
 
 use std::fmt::Write;
 
+use crate::collectors::limits::LimitsSnapshot;
 use crate::collectors::postgres::ClusterSnapshot;
 use crate::model::ceiling::{commit_ceiling, sync_ratio};
 use crate::probe::state::{Snapshot, VolumeState};
@@ -20,13 +21,24 @@ const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
 use super::text::escape;
 
+fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
+    let cap = limits.write_iops_limit(volume)?;
+    let wpp = limits.writes_per_probe.get(volume).copied()?;
+    crate::model::ceiling::capped_ceiling(cap, wpp)
+}
+
 fn header(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// Appends the derived metric families for `snaps` to `out`.
-pub fn encode(out: &mut String, snaps: &[(&VolumeState, Snapshot)], clusters: &[ClusterSnapshot]) {
+pub fn encode(
+    out: &mut String,
+    snaps: &[(&VolumeState, Snapshot)],
+    clusters: &[ClusterSnapshot],
+    limits: &LimitsSnapshot,
+) {
     header(
         out,
         "pgstorage_probe_window_seconds",
@@ -156,6 +168,49 @@ pub fn encode(out: &mut String, snaps: &[(&VolumeState, Snapshot)], clusters: &[
                 out,
                 "pgstorage_commit_ceiling_per_second{{volume=\"{}\",basis=\"postgres\"}} {ceiling}",
                 escape(vol)
+            );
+        }
+    }
+
+    // basis=cap: the write-IOPS cap divided by the device writes one commit
+    // probe costs (measured, see collectors::limits).
+    for (v, _) in snaps {
+        if let Some(c) = cap_ceiling(limits, &v.name) {
+            let _ = writeln!(
+                out,
+                "pgstorage_commit_ceiling_per_second{{volume=\"{}\",basis=\"cap\"}} {c}",
+                escape(&v.name)
+            );
+        }
+    }
+
+    header(
+        out,
+        "pgstorage_commit_ceiling_in_force_per_second",
+        "gauge",
+        "The commit ceiling in force on the volume: the lowest of the bases probe_p50, postgres and \
+         cap that are available. probe_p99 is left out: it bounds the slow tail, not the rate one \
+         client sustains.",
+    );
+    for (v, s) in snaps {
+        let mut bases: Vec<f64> = Vec::new();
+        if let Some(p50) = s.quantiles[Op::Commit.index()]
+            .as_ref()
+            .and_then(|q| q.first())
+        {
+            bases.extend(commit_ceiling(*p50));
+        }
+        for c in clusters {
+            if c.wal_volume() == Some(v.name.as_str()) {
+                bases.extend(c.wal_sync_mean.and_then(commit_ceiling));
+            }
+        }
+        bases.extend(cap_ceiling(limits, &v.name));
+        if let Some(m) = bases.into_iter().reduce(f64::min) {
+            let _ = writeln!(
+                out,
+                "pgstorage_commit_ceiling_in_force_per_second{{volume=\"{}\"}} {m}",
+                escape(&v.name)
             );
         }
     }

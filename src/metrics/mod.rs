@@ -4,6 +4,7 @@
 
 pub mod buckets;
 pub mod derived;
+pub mod limits;
 pub mod postgres;
 pub mod probe;
 pub mod text;
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
+use crate::collectors::limits::LimitsState;
 use crate::collectors::postgres::ClusterSet;
 use crate::probe::set::VolumeSet;
 
@@ -49,6 +51,7 @@ pub struct Metrics {
     registry: Registry,
     volumes: Arc<VolumeSet>,
     clusters: Arc<ClusterSet>,
+    limits: Arc<LimitsState>,
 }
 
 impl Metrics {
@@ -63,6 +66,7 @@ impl Metrics {
                 registry,
                 volumes: volumes.clone(),
                 clusters: Arc::new(ClusterSet::default()),
+                limits: Arc::new(LimitsState::default()),
             },
             volumes,
         )
@@ -70,6 +74,10 @@ impl Metrics {
 
     pub fn clusters(&self) -> Arc<ClusterSet> {
         self.clusters.clone()
+    }
+
+    pub fn limits(&self) -> Arc<LimitsState> {
+        self.limits.clone()
     }
 
     /// Encodes the current state. One snapshot per volume is taken, so all
@@ -82,18 +90,21 @@ impl Metrics {
             .map(|v| (v.as_ref(), v.snapshot(now, &crate::model::WINDOW_QUANTILES)))
             .collect();
         let clusters = self.clusters.snapshots();
+        let limits = self.limits.snapshot();
         let mut out = String::with_capacity(64 * 1024);
         match format {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
-                derived::encode(&mut out, &snaps, &clusters);
+                derived::encode(&mut out, &snaps, &clusters, &limits);
                 postgres::encode(&mut out, format, &clusters);
+                limits::encode(&mut out, format, &limits);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
-                derived::encode(&mut out, &snaps, &clusters);
+                derived::encode(&mut out, &snaps, &clusters, &limits);
                 postgres::encode(&mut out, format, &clusters);
+                limits::encode(&mut out, format, &limits);
             }
         }
         Ok(out)

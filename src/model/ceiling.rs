@@ -31,6 +31,22 @@ pub fn mean_sync_seconds(earlier: (f64, f64), later: (f64, f64)) -> Option<f64> 
     }
 }
 
+/// The commit ceiling a write-IOPS cap imposes: each commit costs
+/// `writes_per_commit` device writes, so at most cap / writes commits per
+/// second get through, however fast the device is. FACTS.md §5: a 100 IOPS
+/// cap and ≈ 2.3 writes per write+fdatasync gave 44 commits/s.
+pub fn capped_ceiling(write_iops_cap: f64, writes_per_commit: f64) -> Option<f64> {
+    if write_iops_cap > 0.0
+        && writes_per_commit > 0.0
+        && write_iops_cap.is_finite()
+        && writes_per_commit.is_finite()
+    {
+        Some(write_iops_cap / writes_per_commit)
+    } else {
+        None
+    }
+}
+
 /// How much slower PostgreSQL's own syncs were than the probe's: far above
 /// 1 means something slows PostgreSQL that the probe does not feel (its
 /// cgroup cap, contention with checkpoints, a different device).
@@ -49,6 +65,15 @@ pub fn sync_ratio(postgres_mean: f64, probe_mean: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capped_ceilings() {
+        assert!((capped_ceiling(100.0, 2.27).unwrap() - 44.05).abs() < 0.01);
+        // FACTS §2: btrfs needed 7-8 device writes per fdatasync: 100/7.5 ≈ 13.
+        assert!((capped_ceiling(100.0, 7.5).unwrap() - 13.3).abs() < 0.1);
+        assert_eq!(capped_ceiling(100.0, 0.0), None);
+        assert_eq!(capped_ceiling(0.0, 2.0), None);
+    }
 
     #[test]
     fn postgres_mean_sync_table() {

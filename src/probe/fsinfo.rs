@@ -17,6 +17,20 @@ pub struct FsInfo {
     /// `MAJ:MIN` of the filesystem (`st_dev`).
     pub majmin: String,
     pub mount_point: PathBuf,
+    /// The whole disk IO limits are set on (io.max and blkio throttles only
+    /// accept whole disks, not partitions).
+    pub disk: Option<Disk>,
+    /// Why `disk` is unknown, when it is.
+    pub disk_reason: Option<String>,
+}
+
+/// A whole block device.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Disk {
+    /// Kernel name: `vda`, `nvme0n1`, `loop3`, `dm-2`, `md0`.
+    pub name: String,
+    /// `MAJ:MIN`, as cgroup files and /proc/diskstats name it.
+    pub majmin: String,
 }
 
 /// Roots of /proc and /sys, configurable so tests can use fixture trees.
@@ -69,12 +83,58 @@ pub fn lookup(path: &Path, roots: &Roots) -> FsInfo {
                 source.clone()
             }
         });
+    let (disk, disk_reason) = match whole_disk(&majmin, &source, roots) {
+        Ok(d) => (Some(d), None),
+        Err(why) => (None, Some(why)),
+    };
     FsInfo {
         fstype,
         device,
         majmin,
         mount_point,
+        disk,
+        disk_reason,
     }
+}
+
+/// Resolves a filesystem's MAJ:MIN to the whole disk under it. A partition
+/// (`/sys/dev/block/M:m/partition` exists) maps to its parent disk. An
+/// anonymous device (major 0: btrfs, overlay, tmpfs, NFS) is resolved
+/// through the mount source when that is a block device node (btrfs on
+/// `/dev/sda2`); otherwise there is no disk to limit.
+pub fn whole_disk(majmin: &str, source: &str, roots: &Roots) -> Result<Disk, String> {
+    let mut mm = majmin.to_string();
+    if mm.starts_with("0:") {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        match std::fs::metadata(source) {
+            Ok(m) if m.file_type().is_block_device() => {
+                mm = format!("{}:{}", libc::major(m.rdev()), libc::minor(m.rdev()));
+            }
+            _ => {
+                return Err(format!(
+                    "anonymous device {majmin} (mount source {source:?} is not a block device: \
+                     tmpfs, overlay, network or multi-device filesystem)"
+                ));
+            }
+        }
+    }
+    let dir = std::fs::canonicalize(roots.sys.join("dev/block").join(&mm))
+        .map_err(|e| format!("{}: {e}", roots.sys.join("dev/block").join(&mm).display()))?;
+    let disk_dir = if dir.join("partition").exists() {
+        dir.parent()
+            .map(Path::to_path_buf)
+            .ok_or_else(|| format!("{} has no parent disk", dir.display()))?
+    } else {
+        dir
+    };
+    let name = disk_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| format!("{}: no name", disk_dir.display()))?;
+    let majmin = std::fs::read_to_string(disk_dir.join("dev"))
+        .map(|s| s.trim().to_string())
+        .map_err(|e| format!("{}/dev: {e}", disk_dir.display()))?;
+    Ok(Disk { name, majmin })
 }
 
 fn unknown() -> FsInfo {
@@ -83,6 +143,8 @@ fn unknown() -> FsInfo {
         device: "unknown".to_string(),
         majmin: String::new(),
         mount_point: PathBuf::new(),
+        disk: None,
+        disk_reason: Some("path not accessible".to_string()),
     }
 }
 
@@ -97,6 +159,41 @@ mod tests {
         assert_ne!(info.fstype, "unknown", "{info:?}");
         assert!(!info.majmin.is_empty());
         assert!(tmp.path().starts_with(&info.mount_point));
+    }
+
+    #[test]
+    fn partitions_resolve_to_their_disk_in_a_sysfs_fixture() {
+        let sys = tempfile::tempdir().unwrap();
+        let disk = sys.path().join("devices/pci0/nvme/nvme0n1");
+        std::fs::create_dir_all(disk.join("nvme0n1p2")).unwrap();
+        std::fs::write(disk.join("dev"), "259:0\n").unwrap();
+        std::fs::write(disk.join("nvme0n1p2/dev"), "259:2\n").unwrap();
+        std::fs::write(disk.join("nvme0n1p2/partition"), "2\n").unwrap();
+        std::fs::create_dir_all(sys.path().join("dev/block")).unwrap();
+        std::os::unix::fs::symlink(disk.join("nvme0n1p2"), sys.path().join("dev/block/259:2"))
+            .unwrap();
+        std::os::unix::fs::symlink(&disk, sys.path().join("dev/block/259:0")).unwrap();
+        let roots = Roots {
+            proc: PathBuf::from("/proc"),
+            sys: sys.path().to_path_buf(),
+        };
+        let want = Disk {
+            name: "nvme0n1".into(),
+            majmin: "259:0".into(),
+        };
+        assert_eq!(
+            whole_disk("259:2", "/dev/nvme0n1p2", &roots),
+            Ok(want.clone())
+        );
+        assert_eq!(whole_disk("259:0", "/dev/nvme0n1", &roots), Ok(want));
+        let e = whole_disk("0:45", "overlay", &roots).unwrap_err();
+        assert!(e.contains("anonymous device 0:45"), "{e}");
+    }
+
+    #[test]
+    fn the_root_filesystem_has_a_disk_here() {
+        let info = lookup(Path::new("/"), &Roots::default());
+        assert!(info.disk.is_some() || info.disk_reason.is_some());
     }
 
     #[test]

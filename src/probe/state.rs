@@ -33,6 +33,8 @@ pub struct VolumeState {
     pub commit_probe: bool,
     pub read_probe: bool,
     pub timeout: Duration,
+    /// Provisioned limits from the config: (resource, value).
+    pub provisioned: Vec<(&'static str, u64)>,
     fs: Mutex<FsInfo>,
     engine: Mutex<Option<EngineKind>>,
     windows: Mutex<Windows>,
@@ -78,6 +80,7 @@ impl VolumeState {
             commit_probe: cfg.commit_probe,
             read_probe: cfg.read_probe,
             timeout: cfg.timeout,
+            provisioned: cfg.provisioned.clone(),
             fs: Mutex::new(fs),
             engine: Mutex::new(None),
             windows: Mutex::new(Windows {

@@ -1,0 +1,187 @@
+use super::*;
+
+/// A fixture hierarchy: cgroup path → limits on device "259:0".
+fn spec() -> Vec<(&'static str, Limits)> {
+    vec![
+        ("", Limits::default()),
+        (
+            "system.slice",
+            Limits {
+                read_iops: Some(2000),
+                ..Default::default()
+            },
+        ),
+        (
+            "system.slice/postgresql.service",
+            Limits {
+                write_iops: Some(100),
+                read_iops: Some(5000),
+                ..Default::default()
+            },
+        ),
+    ]
+}
+
+fn v2_tree(root: &Path, controllers: &str) {
+    std::fs::write(root.join("cgroup.controllers"), controllers).unwrap();
+    for (p, l) in spec() {
+        let d = root.join(p);
+        std::fs::create_dir_all(&d).unwrap();
+        let f = |v: Option<u64>| v.map(|x| x.to_string()).unwrap_or_else(|| "max".into());
+        std::fs::write(
+            d.join("io.max"),
+            format!(
+                "259:0 rbps={} wbps={} riops={} wiops={}\n8:0 rbps=max wbps=max riops=7 wiops=max\n",
+                f(l.read_bps),
+                f(l.write_bps),
+                f(l.read_iops),
+                f(l.write_iops)
+            ),
+        )
+        .unwrap();
+    }
+    std::fs::write(
+        root.join("system.slice/postgresql.service/io.stat"),
+        "259:0 rbytes=8192 wbytes=16384 rios=1 wios=2 dbytes=0 dios=0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        root.join("system.slice/postgresql.service/io.pressure"),
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total=2500000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1000000\n",
+    )
+    .unwrap();
+}
+
+fn v1_tree(blkio: &Path) {
+    for (p, l) in spec() {
+        let d = blkio.join(p);
+        std::fs::create_dir_all(&d).unwrap();
+        // v1 files list only devices with a limit; 0 means none.
+        let w = |f: &str, v: Option<u64>| {
+            let body = match v {
+                Some(x) => format!("259:0 {x}\n8:0 0\n"),
+                None => String::new(),
+            };
+            std::fs::write(d.join(f), body).unwrap();
+        };
+        w("blkio.throttle.read_iops_device", l.read_iops);
+        w("blkio.throttle.write_iops_device", l.write_iops);
+        w("blkio.throttle.read_bps_device", l.read_bps);
+        w("blkio.throttle.write_bps_device", l.write_bps);
+    }
+    let d = blkio.join("system.slice/postgresql.service");
+    std::fs::write(
+        d.join("blkio.throttle.io_serviced"),
+        "259:0 Read 1\n259:0 Write 2\n259:0 Sync 2\n259:0 Total 3\nTotal 3\n",
+    )
+    .unwrap();
+    std::fs::write(
+        d.join("blkio.throttle.io_service_bytes"),
+        "259:0 Read 8192\n259:0 Write 16384\n259:0 Total 24576\nTotal 24576\n",
+    )
+    .unwrap();
+}
+
+const WANT: Limits = Limits {
+    read_iops: Some(2000),
+    write_iops: Some(100),
+    read_bps: None,
+    write_bps: None,
+};
+
+const COUNTS: Counters = Counters {
+    read_ios: 1,
+    write_ios: 2,
+    read_bytes: 8192,
+    write_bytes: 16384,
+};
+
+#[test]
+fn same_fixture_same_limits_through_v1_and_v2() {
+    let pg = ProcCgroups {
+        v2: Some("/system.slice/postgresql.service".into()),
+        blkio: Some("/system.slice/postgresql.service".into()),
+    };
+
+    let v2 = tempfile::tempdir().unwrap();
+    v2_tree(v2.path(), "cpuset cpu io memory pids");
+    let loc = locate(v2.path(), &pg).unwrap();
+    assert_eq!(loc.version, Version::V2);
+    assert_eq!(loc.dirs.len(), 3, "{:?}", loc.dirs);
+    assert_eq!(effective_limits(&loc, "259:0"), WANT);
+    assert_eq!(counters(&loc, "259:0"), Some(COUNTS));
+    assert_eq!(pressure(&loc).get("some"), Some(&2.5));
+
+    let v1 = tempfile::tempdir().unwrap();
+    v1_tree(&v1.path().join("blkio"));
+    let loc1 = locate(v1.path(), &pg).unwrap();
+    assert_eq!(loc1.version, Version::V1);
+    assert_eq!(effective_limits(&loc1, "259:0"), WANT);
+    assert_eq!(counters(&loc1, "259:0"), Some(COUNTS));
+    // 8:0 has "0" in v1 (no limit) and riops=7 only in the v2 fixture.
+    assert!(effective_limits(&loc1, "8:0").is_empty());
+    assert_eq!(effective_limits(&loc, "8:0").read_iops, Some(7));
+}
+
+#[test]
+fn hybrid_without_the_v2_io_controller_reads_v1() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("unified")).unwrap();
+    std::fs::write(
+        root.path().join("unified/cgroup.controllers"),
+        "cpu memory pids",
+    )
+    .unwrap();
+    v1_tree(&root.path().join("blkio"));
+    let pg = ProcCgroups {
+        v2: Some("/system.slice/postgresql.service".into()),
+        blkio: Some("/system.slice/postgresql.service".into()),
+    };
+    let loc = locate(root.path(), &pg).unwrap();
+    assert_eq!(loc.version, Version::V1);
+    assert_eq!(effective_limits(&loc, "259:0"), WANT);
+
+    // With the io controller in the unified tree, v2 wins.
+    v2_tree(&root.path().join("unified"), "cpu io memory");
+    assert_eq!(locate(root.path(), &pg).unwrap().version, Version::V2);
+}
+
+#[test]
+fn root_and_unlimited_cgroups_have_no_limits() {
+    let root = tempfile::tempdir().unwrap();
+    v2_tree(root.path(), "io");
+    let at_root = ProcCgroups {
+        v2: Some("/".into()),
+        blkio: None,
+    };
+    let loc = locate(root.path(), &at_root).unwrap();
+    assert_eq!(loc.dirs, vec![root.path().to_path_buf()]);
+    assert!(effective_limits(&loc, "259:0").is_empty());
+    // An empty root (cgroup reading disabled) locates nothing.
+    let empty = tempfile::tempdir().unwrap();
+    assert_eq!(locate(empty.path(), &at_root), None);
+}
+
+#[test]
+fn parsers() {
+    let m = parse_io_max("259:1 rbps=max wbps=max riops=2000 wiops=100\n");
+    assert_eq!(
+        m["259:1"],
+        Limits {
+            read_iops: Some(2000),
+            write_iops: Some(100),
+            read_bps: None,
+            write_bps: None
+        }
+    );
+    assert_eq!(
+        m["259:1"].resources(),
+        vec![("read_iops", 2000), ("write_iops", 100)]
+    );
+    let cg = parse_proc_cgroup(
+        "12:blkio:/docker/abc\n11:cpu,cpuacct:/docker/abc\n0::/system.slice/docker-abc.scope\n",
+    );
+    assert_eq!(cg.blkio.as_deref(), Some("/docker/abc"));
+    assert_eq!(cg.v2.as_deref(), Some("/system.slice/docker-abc.scope"));
+    assert_eq!(parse_proc_cgroup("7:blkio:/\n").v2, None);
+}

@@ -1,0 +1,300 @@
+//! IO limits: for every volume, the caps that bind the processes using it
+//! and how close they run to them.
+//!
+//! - `source="cgroup"`: the tightest cgroup limit on the volume's whole disk
+//!   along the cgroup path of PostgreSQL's postmaster (pid from
+//!   `postmaster.pid` of the cluster whose directory the volume holds), or of
+//!   the exporter itself for volumes of no cluster. Utilization is that
+//!   cgroup's own IO rate on the disk over the collector interval.
+//! - `source="provisioned"`: limits from the config (a cloud volume's IOPS
+//!   and throughput); utilization from the disk's /proc/diskstats counters.
+//!
+//! The capped commit ceiling needs to know how many device writes one
+//! commit probe costs. That is measured, not assumed: the exporter's own
+//! cgroup counts the IOs its threads issue on each disk (io.stat in v2,
+//! blkio.throttle.io_serviced in v1), so Δ(write IOs) / Δ(commit probes)
+//! over an interval is the cost of one probe as the throttle sees it. It is
+//! only attributable when the exporter has a cgroup of its own (a systemd
+//! service, a container); in the root cgroup every process's IO is mixed in
+//! and no figure is published.
+
+pub mod cgroup;
+pub mod diskstats;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::collectors::postgres::{ClusterSet, ClusterSnapshot};
+use crate::config::LimitsConfig;
+use crate::probe::set::VolumeSet;
+use crate::types::Op;
+use cgroup::{Counters, Located, ProcCgroups};
+
+/// One limit on one volume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitRow {
+    pub volume: String,
+    pub source: &'static str,
+    pub resource: &'static str,
+    pub value: f64,
+    pub utilization: Option<f64>,
+}
+
+/// Whose cgroup a volume's limits were read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupRow {
+    pub volume: String,
+    /// `postgres:<cluster>` or `exporter`.
+    pub scope: String,
+    pub version: &'static str,
+    pub cgroup: String,
+    pub disk: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LimitsSnapshot {
+    pub rows: Vec<LimitRow>,
+    pub cgroups: Vec<CgroupRow>,
+    /// (scope, cgroup, kind, seconds) PSI stall totals.
+    pub pressure: Vec<(String, String, &'static str, f64)>,
+    /// Device writes per commit probe, per volume (as the throttle counts).
+    pub writes_per_probe: BTreeMap<String, f64>,
+    /// Why volumes have no disk, for the log.
+    pub no_disk: BTreeMap<String, String>,
+}
+
+impl LimitsSnapshot {
+    /// The write-IOPS cgroup limit of a volume, if any.
+    pub fn write_iops_limit(&self, volume: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .filter(|r| r.volume == volume && r.resource == "write_iops" && r.source == "cgroup")
+            .map(|r| r.value)
+            .reduce(f64::min)
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct LimitsState {
+    snap: Mutex<LimitsSnapshot>,
+}
+
+impl LimitsState {
+    pub fn snapshot(&self) -> LimitsSnapshot {
+        self.snap.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+/// Previous readings, for rates.
+#[derive(Debug, Default)]
+struct Prev {
+    at: Option<Instant>,
+    /// (volume, scope) → cgroup counters on the volume's disk.
+    cgroup: BTreeMap<(String, String), Counters>,
+    /// disk name → diskstats.
+    disks: BTreeMap<String, diskstats::DiskStats>,
+    /// volume → (exporter's write IOs on the disk, commit probes so far).
+    own: BTreeMap<String, (u64, u64)>,
+    /// Smoothed writes per probe, kept between intervals without probes.
+    wpp: BTreeMap<String, f64>,
+}
+
+fn read_proc_cgroup(proc_root: &Path, pid: &str) -> Option<ProcCgroups> {
+    std::fs::read_to_string(proc_root.join(pid).join("cgroup"))
+        .ok()
+        .map(|t| cgroup::parse_proc_cgroup(&t))
+}
+
+/// The postmaster's pid: the first line of `postmaster.pid`.
+fn postmaster_pid(data_dir: &Path) -> Option<String> {
+    let t = std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
+    let pid = t.lines().next()?.trim().to_string();
+    pid.parse::<u32>().ok().map(|_| pid)
+}
+
+/// Runs the limits collector until the process ends.
+pub async fn run(
+    cfg: LimitsConfig,
+    volumes: Arc<VolumeSet>,
+    clusters: Arc<ClusterSet>,
+    state: Arc<LimitsState>,
+) {
+    let mut tick = tokio::time::interval(cfg.interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let prev = Arc::new(Mutex::new(Prev::default()));
+    loop {
+        tick.tick().await;
+        let (cfg2, volumes2, clusters2, prev2) = (
+            cfg.clone(),
+            volumes.clone(),
+            clusters.snapshots(),
+            prev.clone(),
+        );
+        let snap = tokio::task::spawn_blocking(move || {
+            let mut p = match prev2.lock() {
+                Ok(p) => p,
+                Err(_) => return LimitsSnapshot::default(),
+            };
+            collect(&cfg2, &volumes2, &clusters2, &mut p)
+        })
+        .await
+        .unwrap_or_default();
+        if let Ok(mut s) = state.snap.lock() {
+            *s = snap;
+        }
+    }
+}
+
+fn collect(
+    cfg: &LimitsConfig,
+    volumes: &VolumeSet,
+    clusters: &[ClusterSnapshot],
+    prev: &mut Prev,
+) -> LimitsSnapshot {
+    let now = Instant::now();
+    let dt = prev
+        .at
+        .map(|t| now.duration_since(t).as_secs_f64())
+        .filter(|d| *d > 0.0);
+    let mut out = LimitsSnapshot::default();
+    let own =
+        read_proc_cgroup(&cfg.proc_root, "self").and_then(|c| cgroup::locate(&cfg.cgroup_root, &c));
+    // cluster name → located postmaster cgroup.
+    let mut pg: BTreeMap<String, Located> = BTreeMap::new();
+    for c in clusters {
+        let Some(dd) = c.setting("data_directory").map(|s| PathBuf::from(&s.value)) else {
+            continue;
+        };
+        if let Some(loc) = postmaster_pid(&dd)
+            .and_then(|pid| read_proc_cgroup(&cfg.proc_root, &pid))
+            .and_then(|cg| cgroup::locate(&cfg.cgroup_root, &cg))
+        {
+            pg.insert(c.name.clone(), loc);
+        }
+    }
+    let disk_stats = diskstats::read(&cfg.proc_root);
+    let mut next_cgroup = BTreeMap::new();
+    let mut next_own = BTreeMap::new();
+    let mut seen_pressure = Vec::new();
+    let snaps_now = Instant::now();
+    for v in volumes.list() {
+        let snap = v.snapshot(snaps_now, &[]);
+        let Some(disk) = snap.fs.disk.clone() else {
+            if let Some(r) = &snap.fs.disk_reason {
+                out.no_disk.insert(v.name.clone(), r.clone());
+            }
+            continue;
+        };
+        let cluster = clusters
+            .iter()
+            .find(|c| c.volumes.iter().any(|(vol, _)| *vol == v.name));
+        let (scope, loc) = match cluster.and_then(|c| pg.get(&c.name).map(|l| (c, l))) {
+            Some((c, l)) => (format!("postgres:{}", c.name), Some(l)),
+            None => ("exporter".to_string(), own.as_ref()),
+        };
+        if let Some(loc) = loc {
+            out.cgroups.push(CgroupRow {
+                volume: v.name.clone(),
+                scope: scope.clone(),
+                version: loc.version.as_str(),
+                cgroup: loc.path.clone(),
+                disk: disk.name.clone(),
+            });
+            let limits = cgroup::effective_limits(loc, &disk.majmin);
+            let counters = cgroup::counters(loc, &disk.majmin);
+            let key = (v.name.clone(), scope.clone());
+            let delta = match (dt, counters, prev.cgroup.get(&key)) {
+                (Some(dt), Some(c), Some(p)) => Some((c, *p, dt)),
+                _ => None,
+            };
+            for (resource, value) in limits.resources() {
+                let utilization = delta.map(|(c, p, dt)| {
+                    let d = match resource {
+                        "read_iops" => c.read_ios.saturating_sub(p.read_ios),
+                        "write_iops" => c.write_ios.saturating_sub(p.write_ios),
+                        "read_bytes_per_second" => c.read_bytes.saturating_sub(p.read_bytes),
+                        _ => c.write_bytes.saturating_sub(p.write_bytes),
+                    };
+                    d as f64 / dt / value as f64
+                });
+                out.rows.push(LimitRow {
+                    volume: v.name.clone(),
+                    source: "cgroup",
+                    resource,
+                    value: value as f64,
+                    utilization,
+                });
+            }
+            if let Some(c) = counters {
+                next_cgroup.insert(key, c);
+            }
+            if !seen_pressure.contains(&loc.path) {
+                for (kind, secs) in cgroup::pressure(loc) {
+                    out.pressure
+                        .push((scope.clone(), loc.path.clone(), kind, secs));
+                }
+                seen_pressure.push(loc.path.clone());
+            }
+        }
+        // Provisioned limits, utilization from the whole disk's counters.
+        let ds_now = disk_stats.get(&disk.name).copied();
+        let ds_prev = prev.disks.get(&disk.name).copied();
+        for (resource, value) in &v.provisioned {
+            let utilization = match (dt, ds_now, ds_prev) {
+                (Some(dt), Some(a), Some(b)) => {
+                    let d = a.delta(&b);
+                    let rate = match *resource {
+                        "iops" => (d.reads + d.writes) as f64,
+                        "read_iops" => d.reads as f64,
+                        "write_iops" => d.writes as f64,
+                        "bytes_per_second" => (d.read_bytes + d.write_bytes) as f64,
+                        "read_bytes_per_second" => d.read_bytes as f64,
+                        _ => d.write_bytes as f64,
+                    } / dt;
+                    Some(rate / *value as f64)
+                }
+                _ => None,
+            };
+            out.rows.push(LimitRow {
+                volume: v.name.clone(),
+                source: "provisioned",
+                resource,
+                value: *value as f64,
+                utilization,
+            });
+        }
+        // Writes per commit probe, from the exporter's own cgroup.
+        if v.commit_probe
+            && let Some(o) = own.as_ref().filter(|o| o.path != "/")
+            && let Some(c) = cgroup::counters(o, &disk.majmin)
+        {
+            let probes = snap.count[Op::Commit.index()];
+            if let Some(&(pw, pp)) = prev.own.get(&v.name)
+                && probes >= pp + 3
+            {
+                let w = c.write_ios.saturating_sub(pw) as f64 / (probes - pp) as f64;
+                if w > 0.0 {
+                    prev.wpp.insert(v.name.clone(), w);
+                }
+            }
+            next_own.insert(v.name.clone(), (c.write_ios, probes));
+        }
+        if let Some(w) = prev.wpp.get(&v.name) {
+            out.writes_per_probe.insert(v.name.clone(), *w);
+        }
+    }
+    // Keep the own-counter baseline only when probes advanced enough, so
+    // slow probe rates still accumulate three probes.
+    for (k, v) in next_own {
+        let keep_old = prev.own.get(&k).is_some_and(|&(_, pp)| v.1 < pp + 3);
+        if !keep_old {
+            prev.own.insert(k, v);
+        }
+    }
+    prev.cgroup = next_cgroup;
+    prev.disks = disk_stats;
+    prev.at = Some(now);
+    out
+}

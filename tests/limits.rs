@@ -1,0 +1,239 @@
+//! IO caps for real: PostgreSQL 18 with its WAL on a loop device, inside a
+//! cgroup v1 blkio group with write and read IOPS limits on that device; the
+//! exporter in a group of its own (so its IO counters are its own).
+
+// Test code: a panic is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "common/pg.rs"]
+mod pg;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use pg::{PgKind, PgServer};
+
+const BLKIO: &str = "/sys/fs/cgroup/blkio";
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    mnt: PathBuf,
+    dev: String,
+    majmin: String,
+    groups: Vec<PathBuf>,
+}
+
+impl Fixture {
+    fn new() -> Option<Fixture> {
+        // SAFETY: geteuid cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        let blkio = Path::new(BLKIO)
+            .join("blkio.throttle.write_iops_device")
+            .exists();
+        if !root || !blkio {
+            assert!(!pg::ci(), "CI must run the cgroup tests (root, v1 blkio)");
+            eprintln!("SKIPPED: needs root and cgroup v1 blkio at {BLKIO}");
+            return None;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        run("chmod", &["755", tmp.path().to_str().unwrap()]);
+        let img = tmp.path().join("img");
+        let mnt = tmp.path().join("walvol");
+        std::fs::create_dir(&mnt).unwrap();
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(512 << 20)
+            .unwrap();
+        let dev = run("losetup", &["-f", "--show", img.to_str().unwrap()]);
+        run("mkfs.ext4", &["-q", &dev]);
+        run("mount", &[&dev, mnt.to_str().unwrap()]);
+        run("chown", &["postgres:postgres", mnt.to_str().unwrap()]);
+        let majmin = run("lsblk", &["-dno", "MAJ:MIN", &dev]).replace(' ', "");
+        Some(Fixture {
+            _tmp: tmp,
+            mnt,
+            dev,
+            majmin,
+            groups: Vec::new(),
+        })
+    }
+
+    fn group(&mut self, name: &str, limits: &[(&str, u64)]) -> PathBuf {
+        let g = Path::new(BLKIO).join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&g).unwrap();
+        for (file, v) in limits {
+            std::fs::write(
+                g.join(format!("blkio.throttle.{file}")),
+                format!("{} {v}", self.majmin),
+            )
+            .unwrap();
+        }
+        self.groups.push(g.clone());
+        g
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for g in &self.groups {
+            for f in ["write_iops_device", "read_iops_device"] {
+                let _ = std::fs::write(
+                    g.join(format!("blkio.throttle.{f}")),
+                    format!("{} 0", self.majmin),
+                );
+            }
+            for pid in std::fs::read_to_string(g.join("cgroup.procs"))
+                .unwrap_or_default()
+                .lines()
+            {
+                let _ = std::fs::write(Path::new(BLKIO).join("cgroup.procs"), pid);
+            }
+            let _ = std::fs::remove_dir(g);
+        }
+        let _ = Command::new("umount").arg(&self.mnt).status();
+        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
+    }
+}
+
+/// The postmaster and every process it started.
+fn postgres_pids(data_dir: &Path) -> Vec<String> {
+    let pm = std::fs::read_to_string(data_dir.join("postmaster.pid")).unwrap();
+    let pm = pm.lines().next().unwrap().trim().to_string();
+    let mut pids = vec![pm.clone()];
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        if let Ok(stat) = std::fs::read_to_string(e.path().join("stat"))
+            && let Some(rest) = stat.rsplit_once(") ")
+            && rest.1.split_whitespace().nth(1) == Some(pm.as_str())
+        {
+            pids.push(name);
+        }
+    }
+    pids
+}
+
+fn tps(pgbench_out: &str) -> f64 {
+    pgbench_out
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no tps in {pgbench_out}"))
+}
+
+#[test]
+fn write_iops_cap_on_the_wal_device_is_the_commit_ceiling() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let waldir = fx.mnt.join("pg_wal");
+    let Some(pg) = PgServer::start(PgKind::V18, Some(&waldir)) else {
+        return;
+    };
+    pg.create_role("mon", "Mon-Pa55", true);
+    let pg_group = fx.group(
+        "pgse-pg",
+        &[("write_iops_device", 100), ("read_iops_device", 2000)],
+    );
+    for pid in postgres_pids(pg.data_dir()) {
+        std::fs::write(pg_group.join("cgroup.procs"), &pid).unwrap();
+    }
+    let exp_group = fx.group("pgse-exp", &[]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "window = \"1m\"\nlimits_interval = \"1s\"\n\
+             [defaults]\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n\
+             [[cluster]]\nname = \"c\"\ndsn = \"{}\"\nscrape_interval = \"500ms\"\n",
+            pg.dsn("mon", "Mon-Pa55")
+        ),
+    )
+    .unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    std::fs::write(exp_group.join("cgroup.procs"), ex.child.id().to_string()).unwrap();
+
+    let m = ex.wait_for(
+        "both cgroup limits and a measured writes-per-probe on c/wal",
+        Duration::from_secs(60),
+        |m| {
+            sample(
+                m,
+                "pgstorage_io_limit{volume=\"c/wal\",source=\"cgroup\",resource=\"write_iops\"}",
+            ) == Some(100.0)
+                && sample(
+                    m,
+                    "pgstorage_io_limit{volume=\"c/wal\",source=\"cgroup\",resource=\"read_iops\"}",
+                ) == Some(2000.0)
+                && sample(
+                    m,
+                    "pgstorage_probe_device_writes_per_commit{volume=\"c/wal\"}",
+                )
+                .is_some()
+        },
+    );
+    assert!(
+        m.contains(&format!("pgstorage_io_limit_cgroup_info{{volume=\"c/wal\",scope=\"postgres:c\",cgroup=\"/{}\",version=\"v1\"", pg_group.file_name().unwrap().to_string_lossy())),
+        "{m}"
+    );
+    // The data directory's filesystem has no cap.
+    assert!(
+        sample(
+            &m,
+            "pgstorage_io_limit{volume=\"c/data\",source=\"cgroup\",resource=\"write_iops\"}"
+        )
+        .is_none()
+    );
+
+    let out = pg.pgbench_inserts(1, 15);
+    let measured = tps(&out);
+    let m = ex.metrics();
+    let util = sample(
+        &m,
+        "pgstorage_io_limit_utilization_ratio{volume=\"c/wal\",source=\"cgroup\",resource=\"write_iops\"}",
+    );
+    let wpp = sample(
+        &m,
+        "pgstorage_probe_device_writes_per_commit{volume=\"c/wal\"}",
+    )
+    .unwrap();
+    let cap = sample(
+        &m,
+        "pgstorage_commit_ceiling_per_second{volume=\"c/wal\",basis=\"cap\"}",
+    )
+    .unwrap();
+    let postgres = sample(
+        &m,
+        "pgstorage_commit_ceiling_per_second{volume=\"c/wal\",basis=\"postgres\"}",
+    );
+    let in_force = sample(
+        &m,
+        "pgstorage_commit_ceiling_in_force_per_second{volume=\"c/wal\"}",
+    )
+    .unwrap();
+    eprintln!(
+        "pgbench 1 client: {measured:.1} TPS; writes/probe {wpp:.2}; cap ceiling {cap:.1}; postgres ceiling {postgres:?}; \
+         in force {in_force:.1}; write_iops utilization {util:?}"
+    );
+    assert!(
+        util.unwrap_or(0.0) > 0.8,
+        "utilization under pgbench: {util:?}"
+    );
+    assert!(
+        ((in_force - measured) / measured).abs() <= 0.25,
+        "ceiling in force {in_force} vs {measured} TPS"
+    );
+}

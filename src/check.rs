@@ -16,6 +16,7 @@ use serde::Serialize;
 
 use crate::config::{BLOCK_SIZE, PROBE_DIR_NAME, WAL_FILE_SIZE, check_probe_dir};
 use crate::model::ceiling::commit_ceiling;
+use crate::model::plateau::DepthPoint;
 use crate::model::verdict::{self, Observed, OpStats, Warning, fmt_seconds};
 use crate::probe::Rng;
 use crate::probe::engine::Engine;
@@ -39,6 +40,8 @@ pub struct CheckOptions {
     pub cache_served_threshold: Duration,
     pub commit: bool,
     pub read: bool,
+    /// Queue-depth sweep duration; `None` = no sweep.
+    pub sweep: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -63,6 +66,10 @@ pub struct Report {
     pub commit_ceiling_p99_per_second: Option<f64>,
     pub warnings: Vec<Warning>,
     pub interrupted: bool,
+    /// Queue-depth sweep, when asked for.
+    pub sweep: Option<Vec<DepthPoint>>,
+    /// Read IOPS plateau found by the sweep.
+    pub sweep_plateau_read_iops: Option<f64>,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -173,10 +180,13 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         commit_ceiling_p99_per_second: commit.and_then(|c| commit_ceiling(c.p99)),
         warnings,
         interrupted: INTERRUPTED.load(Ordering::SeqCst),
+        sweep_plateau_read_iops: m.sweep.as_deref().and_then(crate::model::plateau::detect),
+        sweep: m.sweep,
     })
 }
 
 struct Measured {
+    sweep: Option<Vec<DepthPoint>>,
     write: Histogram<u64>,
     sync: Histogram<u64>,
     commit: Histogram<u64>,
@@ -188,6 +198,7 @@ struct Measured {
 
 fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::Result<Measured> {
     let mut m = Measured {
+        sweep: None,
         write: new_hist()?,
         sync: new_hist()?,
         commit: new_hist()?,
@@ -197,10 +208,10 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
         elapsed: Duration::ZERO,
     };
     let phases = u32::from(opts.commit) + u32::from(opts.read);
-    if phases == 0 {
+    if phases == 0 && opts.sweep.is_none() {
         bail!("nothing to do: both --no-commit and --no-read given");
     }
-    let phase = opts.duration / phases;
+    let phase = opts.duration / phases.max(1);
     // Time spent probing only; creating the probe files is not part of it.
     let mut probing = Duration::ZERO;
     let stopped = || INTERRUPTED.load(Ordering::SeqCst);
@@ -233,6 +244,7 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
         }
         probing += t0.elapsed();
     }
+    let mut read_file: Option<std::fs::File> = None;
     if opts.read && !stopped() {
         let read = match dir.create_read_file(opts.read_file_size, opts.free_space_reserve) {
             Ok(f) => f,
@@ -263,6 +275,23 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
             }
         }
         probing += t0.elapsed();
+        read_file = Some(read);
+    }
+    if let Some(d) = opts.sweep
+        && !stopped()
+    {
+        if engine.kind() != EngineKind::IoUring {
+            m.errors
+                .push("sweep skipped: it needs io_uring".to_string());
+        } else {
+            let read = match read_file.take() {
+                Some(f) => f,
+                None => dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?,
+            };
+            let points = crate::probe::sweep::run(raw(&read), opts.read_file_size, d, &stopped)
+                .map_err(|e| anyhow::anyhow!("queue-depth sweep: {e}"))?;
+            m.sweep = Some(points);
+        }
     }
     m.elapsed = probing;
     Ok(m)
@@ -376,6 +405,42 @@ pub fn render_text(r: &Report) -> String {
     }
     for e in &r.errors {
         let _ = writeln!(o, "  error: {e}");
+    }
+    if let Some(points) = &r.sweep {
+        let _ = writeln!(o);
+        let _ = writeln!(o, "  queue-depth sweep, 8 KiB O_DIRECT random reads:");
+        let _ = writeln!(
+            o,
+            "  {:>6}{:>11}{:>11}{:>11}{:>16}",
+            "depth", "IOPS", "mean", "p99", "depth/latency"
+        );
+        for p in points {
+            let _ = writeln!(
+                o,
+                "  {:>6}{:>11}{:>11}{:>11}{:>16}",
+                p.depth,
+                fmt_rate(p.iops),
+                fmt_seconds(p.mean),
+                fmt_seconds(p.p99),
+                fmt_rate(p.littles_law_iops())
+            );
+        }
+        match r.sweep_plateau_read_iops {
+            Some(cap) => {
+                let _ = writeln!(
+                    o,
+                    "  plateau at {} read IOPS: deeper queues add latency, not IOPS. A cap (cgroup, \
+                     cloud volume) or the device's limit",
+                    fmt_rate(cap)
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    o,
+                    "  IOPS still grow with depth: no read cap within these depths"
+                );
+            }
+        }
     }
     let _ = writeln!(o);
     if r.interrupted {

@@ -150,6 +150,11 @@ pub struct CheckArgs {
     /// Skip the read probe.
     #[arg(long = "no-read")]
     pub no_read: bool,
+
+    /// Also run a queue-depth sweep (read depths 1, 4, 16, 64) for this
+    /// long after the probes, and report any IOPS plateau.
+    #[arg(long = "sweep", value_parser = parse_duration, value_name = "DURATION", num_args = 0..=1, default_missing_value = "8s")]
+    pub sweep: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

@@ -27,6 +27,7 @@ fn main() -> ExitCode {
                 cache_served_threshold: a.cache_served_threshold,
                 commit: !a.no_commit,
                 read: !a.no_read,
+                sweep: a.sweep,
             };
             let report = match check::run(&opts) {
                 Ok(r) => r,

@@ -192,3 +192,29 @@ fn sigint_ends_a_long_check_early_and_cleans_up() {
     assert!(stdout.contains("interrupted"), "{stdout}");
     assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
 }
+
+#[test]
+fn sweep_prints_the_depth_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = check(dir.path(), &["--no-commit", "--sweep", "2s"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("queue-depth sweep, 8 KiB O_DIRECT random reads:"),
+        "{out}"
+    );
+    assert!(out.contains("depth/latency"), "{out}");
+    for depth in ["1", "4", "16", "64"] {
+        assert!(
+            out.lines()
+                .any(|l| l.split_whitespace().next() == Some(depth)),
+            "depth {depth} row missing:\n{out}"
+        );
+    }
+    assert!(
+        out.contains("plateau at") || out.contains("IOPS still grow with depth"),
+        "{out}"
+    );
+    let r = json(dir.path(), &["--no-commit", "--sweep", "2s"]);
+    assert_eq!(r["sweep"].as_array().unwrap().len(), 4);
+    assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
+}

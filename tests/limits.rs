@@ -237,3 +237,54 @@ fn write_iops_cap_on_the_wal_device_is_the_commit_ceiling() {
         "ceiling in force {in_force} vs {measured} TPS"
     );
 }
+
+#[test]
+fn sweep_detects_a_read_iops_throttle_with_cgroup_reading_disabled() {
+    let Some(mut fx) = Fixture::new() else { return };
+    let group = fx.group("pgse-sweep", &[("read_iops_device", 2000)]);
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("no-cgroups");
+    std::fs::create_dir(&empty).unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "limits_interval = \"1s\"\ncgroup_root = \"{}\"\n\
+             [[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"read\"]\nread_file_size = \"64MiB\"\n\
+             free_space_reserve = \"0\"\nsweep_every = \"1h\"\nsweep_duration = \"4s\"\n",
+            empty.display(),
+            fx.mnt.display()
+        ),
+    )
+    .unwrap();
+    let ex = Exporter::start_with(
+        &[
+            "--web.listen-address",
+            "127.0.0.1:0",
+            "--config.file",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+        Some(&group.join("cgroup.procs")),
+    );
+    let m = ex.wait_for("a detected read-IOPS limit", Duration::from_secs(60), |m| {
+        sample(
+            m,
+            "pgstorage_io_limit{volume=\"t\",source=\"detected\",resource=\"read_iops\"}",
+        )
+        .is_some()
+    });
+    let detected = sample(
+        &m,
+        "pgstorage_io_limit{volume=\"t\",source=\"detected\",resource=\"read_iops\"}",
+    )
+    .unwrap();
+    let iops: Vec<_> = samples_with(&m, "pgstorage_sweep_read_iops", &["volume=\"t\""]);
+    eprintln!("sweep: {iops:?}; detected {detected:.0} read IOPS");
+    assert!(
+        (detected - 2000.0).abs() / 2000.0 <= 0.20,
+        "detected {detected}"
+    );
+    assert!(!m.contains("source=\"cgroup\""), "cgroup reading was off");
+    assert_eq!(iops.len(), 4);
+}

@@ -217,6 +217,62 @@ pub fn encode(
 
     header(
         out,
+        "pgstorage_sweep_read_iops",
+        "gauge",
+        "IOPS of 8 KiB O_DIRECT random reads at each queue depth in the latest queue-depth sweep \
+         (off unless sweep_every is set). IOPS that stop growing with depth while latency grows in \
+         proportion is a cap: see pgstorage_io_limit{source=\"detected\"}.",
+    );
+    let sweeps: Vec<_> = snaps
+        .iter()
+        .filter_map(|(v, _)| v.sweep().map(|s| (v.name.clone(), s)))
+        .collect();
+    for (vol, s) in &sweeps {
+        for p in &s.points {
+            let _ = writeln!(
+                out,
+                "pgstorage_sweep_read_iops{{volume=\"{}\",depth=\"{}\"}} {}",
+                escape(vol),
+                p.depth,
+                p.iops
+            );
+        }
+    }
+    header(
+        out,
+        "pgstorage_sweep_read_latency_seconds",
+        "gauge",
+        "Mean (stat=mean) and p99 (stat=p99) latency at each queue depth in the latest sweep.",
+    );
+    for (vol, s) in &sweeps {
+        for p in &s.points {
+            for (stat, v) in [("mean", p.mean), ("p99", p.p99)] {
+                let _ = writeln!(
+                    out,
+                    "pgstorage_sweep_read_latency_seconds{{volume=\"{}\",depth=\"{}\",stat=\"{stat}\"}} {v}",
+                    escape(vol),
+                    p.depth
+                );
+            }
+        }
+    }
+    header(
+        out,
+        "pgstorage_sweep_last_timestamp_seconds",
+        "gauge",
+        "Unix time the latest queue-depth sweep of the volume finished.",
+    );
+    for (vol, s) in &sweeps {
+        let _ = writeln!(
+            out,
+            "pgstorage_sweep_last_timestamp_seconds{{volume=\"{}\"}} {}",
+            escape(vol),
+            s.finished_unix
+        );
+    }
+
+    header(
+        out,
         "pgstorage_pg_wal_sync_probe_ratio",
         "gauge",
         "PostgreSQL's mean WAL sync time over the window divided by the probe's mean sync (or \

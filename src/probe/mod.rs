@@ -12,6 +12,7 @@ pub mod fsinfo;
 pub mod runner;
 pub mod set;
 pub mod state;
+pub mod sweep;
 
 use std::fmt;
 

@@ -143,6 +143,16 @@ impl Runner {
             "probing"
         );
         let read_blocks = self.cfg.read_file_size / BLOCK_SIZE as u64;
+        // The first sweep right after start, then every sweep_every. It needs
+        // io_uring for depths above 1 and the read probe file.
+        let mut next_sweep = if self.cfg.sweep_every.is_zero() {
+            None
+        } else if p.read.is_none() || p.engine.kind() != crate::types::EngineKind::IoUring {
+            tracing::warn!(volume = %self.cfg.name, "queue-depth sweep needs io_uring and the read probe; not sweeping");
+            None
+        } else {
+            Some(Instant::now())
+        };
         let wal_blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
         let mut wal_block = 0u64;
         let mut next = Instant::now();
@@ -164,6 +174,13 @@ impl Runner {
                 }
                 let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
                 self.read_probe(&mut p.engine, read, offset);
+            }
+            if let (Some(at), Some(read)) = (next_sweep, &p.read)
+                && Instant::now() >= at
+            {
+                self.sweep(read);
+                next_sweep = Some(Instant::now() + self.cfg.sweep_every);
+                next = Instant::now();
             }
             if p.engine.is_poisoned() {
                 match Engine::new(self.cfg.engine) {
@@ -290,6 +307,41 @@ impl Runner {
                 }
             }
             Err(f) => self.failed(f),
+        }
+    }
+
+    fn sweep(&mut self, read: &File) {
+        let stop = self.stop.clone();
+        let t0 = Instant::now();
+        match crate::probe::sweep::run(
+            raw(read),
+            self.cfg.read_file_size,
+            self.cfg.sweep_duration,
+            &|| stop.is_stopped(),
+        ) {
+            Ok(points) => {
+                let detected = crate::model::plateau::detect(&points);
+                tracing::info!(
+                    volume = %self.cfg.name,
+                    took = ?t0.elapsed(),
+                    iops = ?points.iter().map(|p| (p.depth, p.iops.round())).collect::<Vec<_>>(),
+                    detected_read_iops = ?detected.map(f64::round),
+                    "queue-depth sweep"
+                );
+                let finished_unix = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0);
+                self.state.set_sweep(crate::probe::state::SweepResult {
+                    points,
+                    detected,
+                    finished_unix,
+                });
+            }
+            Err(e) => {
+                self.metrics.error(&self.cfg.name, "sweep", "sweep_failed");
+                tracing::warn!(volume = %self.cfg.name, error = %e, "queue-depth sweep failed");
+            }
         }
     }
 

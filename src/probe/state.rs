@@ -42,6 +42,17 @@ pub struct VolumeState {
     in_flight_op: AtomicU8,
     timeout_counted: AtomicBool,
     probe_dir: Mutex<Option<Arc<ProbeDir>>>,
+    sweep: Mutex<Option<SweepResult>>,
+}
+
+/// The latest queue-depth sweep of a volume.
+#[derive(Debug, Clone)]
+pub struct SweepResult {
+    pub points: Vec<crate::model::plateau::DepthPoint>,
+    /// Plateau IOPS, if the sweep showed one.
+    pub detected: Option<f64>,
+    /// Unix time the sweep finished.
+    pub finished_unix: f64,
 }
 
 /// Per-op windows plus lifetime count and sum (the `_count`/`_sum` of the
@@ -92,6 +103,7 @@ impl VolumeState {
             in_flight_op: AtomicU8::new(0),
             timeout_counted: AtomicBool::new(false),
             probe_dir: Mutex::new(None),
+            sweep: Mutex::new(None),
         }
     }
 
@@ -109,6 +121,16 @@ impl VolumeState {
         if let Ok(mut d) = self.probe_dir.lock() {
             *d = Some(dir);
         }
+    }
+
+    pub fn set_sweep(&self, r: SweepResult) {
+        if let Ok(mut s) = self.sweep.lock() {
+            *s = Some(r);
+        }
+    }
+
+    pub fn sweep(&self) -> Option<SweepResult> {
+        self.sweep.lock().ok().and_then(|s| s.clone())
     }
 
     pub fn probe_dir(&self) -> Option<Arc<ProbeDir>> {

@@ -33,7 +33,38 @@ impl Exporter {
 
     /// Starts the exporter with exactly these args.
     pub fn start_raw(args: &[&str], env: &[(&str, &str)]) -> Exporter {
+        Self::start_with(args, env, None)
+    }
+
+    /// Starts the exporter inside a cgroup (the `cgroup.procs` file given),
+    /// joined before exec so even its first IO is in it.
+    pub fn start_with(
+        args: &[&str],
+        env: &[(&str, &str)],
+        cgroup_procs: Option<&Path>,
+    ) -> Exporter {
         let mut cmd = Command::new(BIN);
+        if let Some(procs) = cgroup_procs {
+            use std::os::unix::process::CommandExt;
+            let path = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: between fork and exec only async-signal-safe calls are
+            // made (open, write, close), on memory prepared before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // "0" is the writing process itself.
+                    let r = libc::write(fd, b"0".as_ptr().cast(), 1);
+                    libc::close(fd);
+                    if r < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
         for (k, v) in env {
             cmd.env(k, v);

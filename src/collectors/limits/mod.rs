@@ -265,6 +265,20 @@ fn collect(
                 utilization,
             });
         }
+        // A plateau found by the queue-depth sweep.
+        if let Some(d) = v.sweep().and_then(|s| s.detected) {
+            let utilization = match (dt, ds_now, ds_prev) {
+                (Some(dt), Some(a), Some(b)) => Some(a.delta(&b).reads as f64 / dt / d),
+                _ => None,
+            };
+            out.rows.push(LimitRow {
+                volume: v.name.clone(),
+                source: "detected",
+                resource: "read_iops",
+                value: d,
+                utilization,
+            });
+        }
         // Writes per commit probe, from the exporter's own cgroup.
         if v.commit_probe
             && let Some(o) = own.as_ref().filter(|o| o.path != "/")

@@ -1,0 +1,126 @@
+//! Finding an IOPS cap from a queue-depth sweep.
+//!
+//! Little's law: IOPS = queue depth / mean latency. A device with spare
+//! parallelism answers deeper queues with more IOPS at similar latency
+//! (FACTS.md §1: 10k → 41k → 135k → 294k IOPS at QD 1/4/16/64). A cap
+//! answers them with the same IOPS and proportionally longer latency
+//! (FACTS.md §2: 1,997 IOPS at QD 1 and 1,999 at QD 16, latency 0.5 → 8 ms).
+//! That flat-IOPS, rising-latency shape is the plateau this module detects.
+
+use serde::Serialize;
+
+/// One depth of a sweep.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DepthPoint {
+    pub depth: u32,
+    pub iops: f64,
+    /// Mean latency in seconds.
+    pub mean: f64,
+    /// p99 latency in seconds.
+    pub p99: f64,
+}
+
+impl DepthPoint {
+    /// depth ÷ mean latency: what Little's law predicts the IOPS to be; a
+    /// large gap to the measured IOPS means the queue was not kept full.
+    pub fn littles_law_iops(&self) -> f64 {
+        if self.mean > 0.0 {
+            f64::from(self.depth) / self.mean
+        } else {
+            0.0
+        }
+    }
+}
+
+/// IOPS growth below this factor from one depth to the next (×4) counts as
+/// flat.
+pub const FLAT_GROWTH: f64 = 1.2;
+/// Latency must grow by at least this fraction of the depth ratio for the
+/// flat part to be a queue building up in front of a limit.
+pub const LATENCY_SHARE: f64 = 0.6;
+
+/// The IOPS level of a plateau, if the sweep shows one: the highest IOPS
+/// from the first depth where deeper queues stop adding IOPS while latency
+/// grows in proportion.
+pub fn detect(points: &[DepthPoint]) -> Option<f64> {
+    let mut sorted: Vec<DepthPoint> = points
+        .iter()
+        .copied()
+        .filter(|p| p.iops > 0.0 && p.mean > 0.0)
+        .collect();
+    sorted.sort_by_key(|p| p.depth);
+    for (i, w) in sorted.windows(2).enumerate() {
+        let (a, b) = (w[0], w[1]);
+        let depth_ratio = f64::from(b.depth) / f64::from(a.depth);
+        let iops_growth = b.iops / a.iops;
+        let latency_growth = b.mean / a.mean;
+        if iops_growth < FLAT_GROWTH && latency_growth >= LATENCY_SHARE * depth_ratio {
+            return sorted[i..].iter().map(|p| p.iops).reduce(f64::max);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(depth: u32, iops: f64, mean_us: f64) -> DepthPoint {
+        DepthPoint {
+            depth,
+            iops,
+            mean: mean_us * 1e-6,
+            p99: mean_us * 3e-6,
+        }
+    }
+
+    #[test]
+    fn plateau_table() {
+        let cases: Vec<(&str, Vec<DepthPoint>, Option<f64>)> = vec![
+            (
+                "FACTS §1 NVMe: IOPS keeps growing, no plateau",
+                vec![
+                    p(1, 10_100.0, 98.0),
+                    p(4, 41_500.0, 96.0),
+                    p(16, 135_000.0, 118.0),
+                    p(64, 294_000.0, 218.0),
+                ],
+                None,
+            ),
+            (
+                "FACTS §2 read cap 2000: flat from QD 1",
+                vec![
+                    p(1, 1997.0, 500.0),
+                    p(4, 1998.0, 2000.0),
+                    p(16, 1999.0, 8000.0),
+                    p(64, 2000.0, 32000.0),
+                ],
+                Some(2000.0),
+            ),
+            (
+                "device saturating late: plateau from 16",
+                vec![
+                    p(1, 10_000.0, 100.0),
+                    p(4, 38_000.0, 105.0),
+                    p(16, 100_000.0, 160.0),
+                    p(64, 104_000.0, 615.0),
+                ],
+                Some(104_000.0),
+            ),
+            (
+                "noisy but flat IOPS with flat latency is not a cap (queue not filling)",
+                vec![p(1, 5000.0, 200.0), p(4, 5100.0, 210.0)],
+                None,
+            ),
+            ("too few points", vec![p(1, 2000.0, 500.0)], None),
+        ];
+        for (name, pts, want) in cases {
+            assert_eq!(detect(&pts), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn littles_law() {
+        assert!((p(16, 0.0, 8000.0).littles_law_iops() - 2000.0).abs() < 1e-6);
+    }
+}

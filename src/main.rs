@@ -88,11 +88,21 @@ fn run_daemon(cli: Cli) -> ExitCode {
     };
     // A volume that insists on io_uring on a host that forbids it is a
     // configuration problem: say so before binding anything.
-    for v in &cfg.volumes {
-        if let Err(e) = pg_storage_exporter::probe::engine::require(v.engine) {
+    let discovered = (!cfg.clusters.is_empty()).then(|| {
+        (
+            "volumes discovered from PostgreSQL".to_string(),
+            cfg.volume_defaults.engine,
+        )
+    });
+    let engines = cfg
+        .volumes
+        .iter()
+        .map(|v| (format!("volume {:?}", v.name), v.engine))
+        .chain(discovered);
+    for (what, engine) in engines {
+        if let Err(e) = pg_storage_exporter::probe::engine::require(engine) {
             eprintln!(
-                "pg-storage-exporter: invalid configuration: volume {:?} sets engine = \"io_uring\": {e}",
-                v.name
+                "pg-storage-exporter: invalid configuration: {what} sets engine = \"io_uring\": {e}"
             );
             return ExitCode::from(2);
         }

@@ -369,6 +369,20 @@ pub fn build(
         sweep_every: base.sweep_every,
         sweep_duration: base.sweep_duration,
     };
+    if !clusters.is_empty() {
+        let samples = window.as_secs_f64() / volume_defaults.interval.as_secs_f64().max(1e-9);
+        if samples > MAX_WINDOW_SAMPLES as f64 {
+            return Err(invalid(
+                at(raw.window.as_ref().map(|w| w.span())),
+                "window",
+                format!(
+                    "a {window:?} window at the discovered volumes' {:?} interval keeps {samples:.0} samples per op; \
+                     the maximum is {MAX_WINDOW_SAMPLES}: shorten the window or lengthen the interval",
+                    volume_defaults.interval
+                ),
+            ));
+        }
+    }
     let limits = LimitsConfig {
         interval: match &raw.limits_interval {
             Some(x) => {
@@ -498,6 +512,15 @@ fn clusters(
                     .unwrap_or(true),
             },
             target,
+        });
+    }
+    if let Some(i) = flags.pg_scrape_interval
+        && (i < Duration::from_millis(100) || i > Duration::from_secs(3600))
+    {
+        return Err(ConfigError::Invalid {
+            origin: Origin::Flag("--pg.scrape-interval"),
+            key: format!("{i:?}"),
+            message: "out of range: use 100ms to 1h".to_string(),
         });
     }
     for spec in &flags.pg_dsns {

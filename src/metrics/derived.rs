@@ -160,10 +160,15 @@ pub fn encode(
             }
         }
     }
+    // One sample per volume: two clusters may keep their WAL on one
+    // filesystem; the first cluster (in configuration order) speaks for it.
+    let mut done: Vec<&str> = Vec::new();
     for c in clusters {
         if let (Some(vol), Some(mean)) = (c.wal_volume(), c.wal_sync_mean)
+            && !done.contains(&vol)
             && let Some(ceiling) = commit_ceiling(mean)
         {
+            done.push(vol);
             let _ = writeln!(
                 out,
                 "pgstorage_commit_ceiling_per_second{{volume=\"{}\",basis=\"postgres\"}} {ceiling}",

@@ -66,8 +66,10 @@ pub const LIBPQ_KEYWORDS: &[&str] = &[
     "oauth_scope",
 ];
 
-/// Keywords this exporter acts on; others are refused by name rather than
-/// silently ignored.
+/// Keywords this exporter accepts; others are refused by name rather than
+/// silently ignored. `client_encoding` and `fallback_application_name` are
+/// accepted and have no effect (the exporter reads numbers and sets its own
+/// application_name).
 const SUPPORTED: &[&str] = &[
     "host",
     "port",
@@ -388,6 +390,10 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
         }
     }
     for (var, key) in ENV_DEFAULTS {
+        // A configured password file is more specific than PGPASSWORD.
+        if *key == "password" && password_file.is_some() {
+            continue;
+        }
         if !kv.contains_key(*key)
             && let Some(v) = env(var)
             && !v.is_empty()
@@ -707,6 +713,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pf = dir.path().join("pw");
         std::fs::write(&pf, "from-file\n").unwrap();
+        let env = |k: &str| (k == "PGPASSWORD").then(|| "from-env".to_string());
+        let t = target("host=h user=u", &env, Some(&pf)).unwrap();
+        assert_eq!(
+            t.config.get_password(),
+            Some(&b"from-file"[..]),
+            "password_file beats PGPASSWORD"
+        );
+        let t = target("host=h user=u", &env, None).unwrap();
+        assert_eq!(t.config.get_password(), Some(&b"from-env"[..]));
         let t = target("host=h user=u", &no_env, Some(&pf)).unwrap();
         assert_eq!(t.config.get_password(), Some(&b"from-file"[..]));
         let t = target("host=h user=u password=inline", &no_env, Some(&pf)).unwrap();

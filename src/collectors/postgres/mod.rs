@@ -272,7 +272,7 @@ async fn session(
         .await?;
     let version = queries::version(client).await?;
     if version.0 < 140000 {
-        tracing::error!(cluster = %cfg.name, version = %version.1, "PostgreSQL older than 14 is not supported; only pg_up and commits are exported");
+        tracing::error!(cluster = %cfg.name, version = %version.1, "PostgreSQL older than 14 is not supported: WAL, checkpoint and pg_stat_io statistics are not read");
     } else if version.0 >= 190000 {
         tracing::info!(cluster = %cfg.name, version = %version.1, "newer than 18: using the PostgreSQL 18 queries");
     } else {
@@ -426,7 +426,7 @@ async fn discover(
     for p in plan {
         let labels: Vec<String> = p.roles.iter().map(|r| r.label()).collect();
         if let Some(existing) = volumes.on_device(p.dev) {
-            tracing::info!(cluster = %cfg.name, volume = %existing.name, roles = ?labels, "filesystem already probed by a configured volume");
+            tracing::info!(cluster = %cfg.name, volume = %existing.name, roles = ?labels, "filesystem already probed by another volume");
             roles.extend(labels.into_iter().map(|r| (existing.name.clone(), r)));
             continue;
         }

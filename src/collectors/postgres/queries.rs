@@ -163,6 +163,12 @@ pub async fn settings(c: &Client) -> QResult<Vec<Setting>> {
             let value: String = r.try_get::<_, Option<String>>(1).ok()??;
             let unit: Option<String> = r.try_get(2).ok()?;
             let vartype: String = r.try_get(3).ok()?;
+            // pg_settings gives commit_delay no unit; it is microseconds.
+            let unit = if name == "commit_delay" && unit.is_none() {
+                Some("us".to_string())
+            } else {
+                unit
+            };
             let numeric = numeric_setting(&value, unit.as_deref(), &vartype);
             Some(Setting {
                 name,

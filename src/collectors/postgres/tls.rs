@@ -211,7 +211,9 @@ fn client_config(t: &Target) -> Result<rustls::ClientConfig, ConnectError> {
 /// Connects and spawns the connection's IO task; the task ends when the
 /// server goes away, after which every query on the client fails "closed".
 pub async fn connect(t: &Target) -> Result<Client, ConnectError> {
-    if t.ssl_mode == SslMode::Disable {
+    // Like libpq, TLS is never used over a Unix-domain socket: the kernel
+    // already keeps that traffic on this host.
+    if t.ssl_mode == SslMode::Disable || t.host.starts_with('/') {
         let (client, conn) = t.config.connect(tokio_postgres::NoTls).await?;
         tokio::spawn(async move {
             let _ = conn.await;

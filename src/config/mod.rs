@@ -120,6 +120,7 @@ impl VolumeDefaults {
             sweep_every: self.sweep_every,
             sweep_duration: self.sweep_duration,
             provisioned: Vec::new(),
+            cgroup: None,
         }
     }
 }
@@ -146,6 +147,8 @@ pub struct VolumeConfig {
     pub sweep_duration: Duration,
     /// Provisioned (cloud) limits: (resource label, value).
     pub provisioned: Vec<(&'static str, u64)>,
+    /// A configured cgroup path whose limits apply (see `RawVolume::cgroup`).
+    pub cgroup: Option<String>,
 }
 
 /// Where a setting came from, so an error can point at it.
@@ -657,6 +660,19 @@ fn volume_from_file(
     .into_iter()
     .filter_map(|(k, v)| v.filter(|&x| x > 0).map(|x| (k, x)))
     .collect();
+    if let Some(cg) = &v.cgroup {
+        if !cg.get_ref().starts_with('/') {
+            return Err(ConfigError::Invalid {
+                origin: at(Some(cg.span())),
+                key: key("cgroup"),
+                message: format!(
+                    "{:?} is not a cgroup path: write it as /proc/<pid>/cgroup shows it, starting with /",
+                    cg.get_ref()
+                ),
+            });
+        }
+        vc.cgroup = Some(cg.get_ref().clone());
+    }
     Ok(vc)
 }
 
@@ -827,6 +843,7 @@ fn finish(name: String, path: PathBuf, probe_dir: PathBuf, s: Settings) -> Volum
         sweep_every: s.sweep_every,
         sweep_duration: s.sweep_duration,
         provisioned: Vec::new(),
+        cgroup: None,
     }
 }
 

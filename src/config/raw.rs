@@ -91,6 +91,10 @@ pub struct RawVolume {
     pub cache_served_threshold: Option<Sp<HumanDuration>>,
     pub sweep_every: Option<Sp<HumanDuration>>,
     pub sweep_duration: Option<Sp<HumanDuration>>,
+    /// cgroup whose IO limits bind this volume's users, as /proc/<pid>/cgroup
+    /// names it ("/system.slice/postgresql@16-main.service"); default: the
+    /// PostgreSQL postmaster's for discovered volumes, else the exporter's.
+    pub cgroup: Option<Sp<String>>,
     /// Provisioned (cloud) limits of the volume's disk.
     pub provisioned_iops: Option<Sp<u64>>,
     pub provisioned_read_iops: Option<Sp<u64>>,

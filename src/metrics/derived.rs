@@ -118,12 +118,14 @@ pub fn encode(
         "gauge",
         "Always 1: what is probed and how. device is the kernel block device (or the mount source \
          when there is none); engine is io_uring or sync (fallback), empty until the probe thread \
-         has set up; sync_method follows PostgreSQL's wal_sync_method (empty without a commit probe).",
+         has set up; sync_method follows PostgreSQL's wal_sync_method (empty without a commit probe); \
+         majmin is the filesystem's device number; disk the whole disk IO limits apply to (unknown \
+         for tmpfs, overlay, network filesystems).",
     );
     for (v, s) in snaps {
         let _ = writeln!(
             out,
-            "pgstorage_volume_info{{volume=\"{}\",path=\"{}\",device=\"{}\",fstype=\"{}\",engine=\"{}\",sync_method=\"{}\"}} 1",
+            "pgstorage_volume_info{{volume=\"{}\",path=\"{}\",device=\"{}\",fstype=\"{}\",engine=\"{}\",sync_method=\"{}\",majmin=\"{}\",disk=\"{}\"}} 1",
             escape(&v.name),
             escape(&v.path.display().to_string()),
             escape(&s.fs.device),
@@ -134,6 +136,13 @@ pub fn encode(
             } else {
                 ""
             },
+            escape(&s.fs.majmin),
+            escape(
+                s.fs.disk
+                    .as_ref()
+                    .map(|d| d.name.as_str())
+                    .unwrap_or("unknown")
+            ),
         );
     }
 

@@ -77,9 +77,13 @@ impl VolumeSet {
             path = %cfg.path.display(),
             device = %fs.device,
             fstype = %fs.fstype,
+            disk = %fs.disk.as_ref().map(|d| format!("{} ({})", d.name, d.majmin)).unwrap_or_else(|| "unknown".into()),
             probe_dir = %cfg.probe_dir.display(),
             "volume configured"
         );
+        if let Some(why) = &fs.disk_reason {
+            tracing::info!(volume = %cfg.name, reason = %why, "no whole disk for this volume: IO limits cannot be read for it");
+        }
         let tx = self
             .done_tx
             .lock()

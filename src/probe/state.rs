@@ -35,6 +35,8 @@ pub struct VolumeState {
     pub timeout: Duration,
     /// Provisioned limits from the config: (resource, value).
     pub provisioned: Vec<(&'static str, u64)>,
+    /// Configured cgroup path whose limits apply to this volume.
+    pub cgroup: Option<String>,
     fs: Mutex<FsInfo>,
     engine: Mutex<Option<EngineKind>>,
     windows: Mutex<Windows>,
@@ -92,6 +94,7 @@ impl VolumeState {
             read_probe: cfg.read_probe,
             timeout: cfg.timeout,
             provisioned: cfg.provisioned.clone(),
+            cgroup: cfg.cgroup.clone(),
             fs: Mutex::new(fs),
             engine: Mutex::new(None),
             windows: Mutex::new(Windows {

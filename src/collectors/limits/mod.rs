@@ -190,9 +190,22 @@ fn collect(
         let cluster = clusters
             .iter()
             .find(|c| c.volumes.iter().any(|(vol, _)| *vol == v.name));
-        let (scope, loc) = match cluster.and_then(|c| pg.get(&c.name).map(|l| (c, l))) {
-            Some((c, l)) => (format!("postgres:{}", c.name), Some(l)),
-            None => ("exporter".to_string(), own.as_ref()),
+        let configured = v.cgroup.as_ref().and_then(|p| {
+            cgroup::locate(
+                &cfg.cgroup_root,
+                &ProcCgroups {
+                    v2: Some(p.clone()),
+                    blkio: Some(p.clone()),
+                },
+            )
+        });
+        let (scope, loc) = match (
+            &configured,
+            cluster.and_then(|c| pg.get(&c.name).map(|l| (c, l))),
+        ) {
+            (Some(l), _) => ("configured".to_string(), Some(l)),
+            (None, Some((c, l))) => (format!("postgres:{}", c.name), Some(l)),
+            (None, None) => ("exporter".to_string(), own.as_ref()),
         };
         if let Some(loc) = loc {
             out.cgroups.push(CgroupRow {

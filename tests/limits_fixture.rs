@@ -1,0 +1,129 @@
+//! cgroup v2 limits read from a fixture tree (`cgroup_root`) for a volume
+//! with a configured cgroup path, on this machine's real disk, plus
+//! provisioned limits: no root needed.
+
+// Test code: a panic is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+/// MAJ:MIN of the whole disk under `p`, the way the exporter resolves it.
+fn disk_of(p: &Path) -> String {
+    let dev = std::fs::metadata(p).unwrap().dev();
+    let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{mm}")).unwrap();
+    let disk = if dir.join("partition").exists() {
+        dir.parent().unwrap().to_path_buf()
+    } else {
+        dir
+    };
+    std::fs::read_to_string(disk.join("dev"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn configured_cgroup_and_provisioned_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    let disk = disk_of(&vol);
+    let cg = dir.path().join("cgroup");
+    std::fs::create_dir_all(cg.join("system.slice/postgresql.service")).unwrap();
+    std::fs::write(cg.join("cgroup.controllers"), "cpu io memory").unwrap();
+    std::fs::write(
+        cg.join("system.slice/io.max"),
+        format!("{disk} rbps=max wbps=104857600 riops=3000 wiops=max\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        cg.join("system.slice/postgresql.service/io.max"),
+        format!("{disk} rbps=max wbps=max riops=max wiops=500\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        cg.join("system.slice/postgresql.service/io.stat"),
+        format!("{disk} rbytes=0 wbytes=0 rios=0 wios=0\n"),
+    )
+    .unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "limits_interval = \"500ms\"\ncgroup_root = \"{}\"\n\
+             [[volume]]\nname = \"v\"\npath = \"{}\"\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n\
+             cgroup = \"/system.slice/postgresql.service\"\nprovisioned_iops = 3000\nprovisioned_throughput = \"125MiB\"\n",
+            cg.display(),
+            vol.display()
+        ),
+    )
+    .unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let m = ex.wait_for("limits with utilization", Duration::from_secs(30), |m| {
+        sample(m, "pgstorage_io_limit_utilization_ratio{volume=\"v\",source=\"provisioned\",resource=\"iops\"}").is_some()
+    });
+    let want = [
+        ("cgroup", "read_iops", 3000.0),
+        ("cgroup", "write_iops", 500.0),
+        ("cgroup", "write_bytes_per_second", 104_857_600.0),
+        ("provisioned", "iops", 3000.0),
+        ("provisioned", "bytes_per_second", 131_072_000.0),
+    ];
+    for (source, resource, v) in want {
+        let got = sample(
+            &m,
+            &format!(
+                "pgstorage_io_limit{{volume=\"v\",source=\"{source}\",resource=\"{resource}\"}}"
+            ),
+        );
+        assert_eq!(got, Some(v), "{source} {resource}:\n{m}");
+    }
+    assert!(
+        sample(
+            &m,
+            "pgstorage_io_limit{volume=\"v\",source=\"cgroup\",resource=\"read_bytes_per_second\"}"
+        )
+        .is_none(),
+        "max is no limit"
+    );
+    assert!(m.contains("pgstorage_io_limit_cgroup_info{volume=\"v\",scope=\"configured\",cgroup=\"/system.slice/postgresql.service\",version=\"v2\""), "{m}");
+    let u = sample(&m, "pgstorage_io_limit_utilization_ratio{volume=\"v\",source=\"cgroup\",resource=\"write_iops\"}").unwrap();
+    assert_eq!(u, 0.0, "the fixture's io.stat does not move");
+    let info = samples_with(&m, "pgstorage_volume_info", &["volume=\"v\""]);
+    assert!(
+        info[0].0.contains("disk=\"") && !info[0].0.contains("disk=\"unknown\""),
+        "{}",
+        info[0].0
+    );
+}
+
+#[test]
+fn bad_cgroup_path_is_a_config_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[volume]]\nname = \"v\"\npath = \"{}\"\ncgroup = \"system.slice\"\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(BIN)
+        .args(["--config.file", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains(":4: volume[0].cgroup: \"system.slice\" is not a cgroup path"),
+        "{err}"
+    );
+}

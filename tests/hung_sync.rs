@@ -10,129 +10,21 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "common/loopdev.rs"]
+mod loopdev;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
 
-const BLKIO: &str = "/sys/fs/cgroup/blkio";
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-/// A small ext4 filesystem on a loop device, plus a throttling cgroup.
-struct SlowVolume {
-    _tmp: tempfile::TempDir,
-    mnt: PathBuf,
-    loopdev: String,
-    majmin: String,
-    cgroup: PathBuf,
-}
-
-impl SlowVolume {
-    fn new(tag: &str) -> SlowVolume {
-        let tmp = tempfile::tempdir().unwrap();
-        let img = tmp.path().join("img");
-        let mnt = tmp.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(128 << 20)
-            .unwrap();
-        let loopdev = run("losetup", &["-f", "--show", img.to_str().unwrap()]);
-        run("mkfs.ext4", &["-q", &loopdev]);
-        run("mount", &[&loopdev, mnt.to_str().unwrap()]);
-        let majmin = run("lsblk", &["-dno", "MAJ:MIN", &loopdev]).replace(' ', "");
-        let cgroup = Path::new(BLKIO).join(format!("pgse-test-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&cgroup).unwrap();
-        SlowVolume {
-            _tmp: tmp,
-            mnt,
-            loopdev,
-            majmin,
-            cgroup,
-        }
-    }
-
-    fn throttle_writes(&self, bytes_per_second: u64) {
-        std::fs::write(
-            self.cgroup.join("blkio.throttle.write_bps_device"),
-            format!("{} {bytes_per_second}", self.majmin),
-        )
-        .unwrap();
-    }
-
-    fn enter(&self, pid: u32) {
-        std::fs::write(self.cgroup.join("cgroup.procs"), pid.to_string()).unwrap();
-    }
-}
-
-impl Drop for SlowVolume {
-    fn drop(&mut self) {
-        // Never panic in drop (it may run while unwinding).
-        let _ = std::fs::write(
-            self.cgroup.join("blkio.throttle.write_bps_device"),
-            format!("{} 0", self.majmin),
-        );
-        for line in std::fs::read_to_string(self.cgroup.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-        {
-            let _ = std::fs::write(Path::new(BLKIO).join("cgroup.procs"), line);
-        }
-        let _ = std::fs::remove_dir(&self.cgroup);
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let _ = Command::new("losetup").args(["-d", &self.loopdev]).status();
-    }
-}
-
-fn can_run() -> Result<(), String> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err("not root".into());
-    }
-    if !Path::new(BLKIO)
-        .join("blkio.throttle.write_bps_device")
-        .exists()
-    {
-        return Err(format!("no cgroup v1 blkio throttling at {BLKIO}"));
-    }
-    for tool in ["losetup", "mkfs.ext4", "mount", "lsblk"] {
-        if Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .output()
-            .map(|o| !o.status.success())
-            .unwrap_or(true)
-        {
-            return Err(format!("{tool} not found"));
-        }
-    }
-    Ok(())
-}
-
 #[test]
 fn hung_sync_is_visible_and_shutdown_still_removes_files() {
-    if let Err(why) = can_run() {
-        eprintln!("SKIPPED hung_sync test: {why}");
-        if std::env::var_os("CI").is_some() {
-            panic!("CI must be able to run the hung-sync test: {why}");
-        }
+    if !loopdev::can_run("the hung-sync test", true) {
         return;
     }
     for engine in ["io_uring", "sync"] {
-        let vol = SlowVolume::new(engine);
+        let mut vol = loopdev::LoopVolume::new(128 << 20, false);
+        let group = vol.group(&format!("pgse-hung-{engine}"), &[]);
         let cfg = vol.mnt.join("..").join("c.toml");
         std::fs::write(
             &cfg,
@@ -151,8 +43,8 @@ fn hung_sync_is_visible_and_shutdown_still_removes_files() {
         let probe_dir = vol.mnt.join("pg-storage-exporter-probe");
         assert!(probe_dir.join("wal.probe").exists());
 
-        vol.throttle_writes(1);
-        vol.enter(ex.child.id());
+        vol.throttle(&group, "write_bps_device", 1);
+        std::fs::write(group.join("cgroup.procs"), ex.child.id().to_string()).unwrap();
 
         // The stuck commit shows as a growing in-flight age and one timeout.
         let m = ex.wait_for("a timed-out commit", Duration::from_secs(20), |m| {
@@ -199,7 +91,7 @@ fn hung_sync_is_visible_and_shutdown_still_removes_files() {
 
         // The kernel holds the process until the IO completes; lift the cap
         // and it exits cleanly.
-        vol.throttle_writes(0);
+        vol.throttle(&group, "write_bps_device", 0);
         let status = ex.wait_exit(Duration::from_secs(30));
         assert!(status.success(), "{engine}: {status:?}\n{}", ex.log());
     }

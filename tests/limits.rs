@@ -6,107 +6,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "common/loopdev.rs"]
+mod loopdev;
 #[path = "common/pg.rs"]
 mod pg;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 use common::*;
 use pg::{PgKind, PgServer};
-
-const BLKIO: &str = "/sys/fs/cgroup/blkio";
-
-fn run(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-struct Fixture {
-    _tmp: tempfile::TempDir,
-    mnt: PathBuf,
-    dev: String,
-    majmin: String,
-    groups: Vec<PathBuf>,
-}
-
-impl Fixture {
-    fn new() -> Option<Fixture> {
-        // SAFETY: geteuid cannot fail.
-        let root = unsafe { libc::geteuid() } == 0;
-        let blkio = Path::new(BLKIO)
-            .join("blkio.throttle.write_iops_device")
-            .exists();
-        if !root || !blkio {
-            assert!(!pg::ci(), "CI must run the cgroup tests (root, v1 blkio)");
-            eprintln!("SKIPPED: needs root and cgroup v1 blkio at {BLKIO}");
-            return None;
-        }
-        let tmp = tempfile::tempdir().unwrap();
-        run("chmod", &["755", tmp.path().to_str().unwrap()]);
-        let img = tmp.path().join("img");
-        let mnt = tmp.path().join("walvol");
-        std::fs::create_dir(&mnt).unwrap();
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(512 << 20)
-            .unwrap();
-        let dev = run("losetup", &["-f", "--show", img.to_str().unwrap()]);
-        run("mkfs.ext4", &["-q", &dev]);
-        run("mount", &[&dev, mnt.to_str().unwrap()]);
-        run("chown", &["postgres:postgres", mnt.to_str().unwrap()]);
-        let majmin = run("lsblk", &["-dno", "MAJ:MIN", &dev]).replace(' ', "");
-        Some(Fixture {
-            _tmp: tmp,
-            mnt,
-            dev,
-            majmin,
-            groups: Vec::new(),
-        })
-    }
-
-    fn group(&mut self, name: &str, limits: &[(&str, u64)]) -> PathBuf {
-        let g = Path::new(BLKIO).join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&g).unwrap();
-        for (file, v) in limits {
-            std::fs::write(
-                g.join(format!("blkio.throttle.{file}")),
-                format!("{} {v}", self.majmin),
-            )
-            .unwrap();
-        }
-        self.groups.push(g.clone());
-        g
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        for g in &self.groups {
-            for f in ["write_iops_device", "read_iops_device"] {
-                let _ = std::fs::write(
-                    g.join(format!("blkio.throttle.{f}")),
-                    format!("{} 0", self.majmin),
-                );
-            }
-            for pid in std::fs::read_to_string(g.join("cgroup.procs"))
-                .unwrap_or_default()
-                .lines()
-            {
-                let _ = std::fs::write(Path::new(BLKIO).join("cgroup.procs"), pid);
-            }
-            let _ = std::fs::remove_dir(g);
-        }
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-    }
-}
 
 /// The postmaster and every process it started.
 fn postgres_pids(data_dir: &Path) -> Vec<String> {
@@ -136,7 +45,10 @@ fn tps(pgbench_out: &str) -> f64 {
 
 #[test]
 fn write_iops_cap_on_the_wal_device_is_the_commit_ceiling() {
-    let Some(mut fx) = Fixture::new() else { return };
+    if !loopdev::can_run("the IO-cap tests", true) {
+        return;
+    }
+    let mut fx = loopdev::LoopVolume::new(512 << 20, true);
     let waldir = fx.mnt.join("pg_wal");
     let Some(pg) = PgServer::start(PgKind::V18, Some(&waldir)) else {
         return;
@@ -240,7 +152,10 @@ fn write_iops_cap_on_the_wal_device_is_the_commit_ceiling() {
 
 #[test]
 fn sweep_detects_a_read_iops_throttle_with_cgroup_reading_disabled() {
-    let Some(mut fx) = Fixture::new() else { return };
+    if !loopdev::can_run("the IO-cap tests", true) {
+        return;
+    }
+    let mut fx = loopdev::LoopVolume::new(512 << 20, true);
     let group = fx.group("pgse-sweep", &[("read_iops_device", 2000)]);
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("no-cgroups");

@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
+#[path = "common/loopdev.rs"]
+mod loopdev;
 #[path = "common/pg.rs"]
 mod pg;
 
@@ -278,86 +280,12 @@ fn wrong_password_is_a_clear_error_without_the_password() {
     assert!(!m.contains(wrong), "password leaked into metrics");
 }
 
-/// An ext4 loop device mounted under a temp dir, owned by postgres.
-struct LoopMount {
-    _tmp: tempfile::TempDir,
-    mnt: std::path::PathBuf,
-    dev: String,
-}
-
-impl LoopMount {
-    fn new() -> Option<LoopMount> {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            assert!(!pg::ci(), "CI must run the discovery test as root");
-            eprintln!("SKIPPED: loop devices need root");
-            return None;
-        }
-        let tmp = tempfile::tempdir().unwrap();
-        let img = tmp.path().join("img");
-        let mnt = tmp.path().join("walvol");
-        std::fs::create_dir(&mnt).unwrap();
-        std::fs::File::create(&img)
-            .unwrap()
-            .set_len(256 << 20)
-            .unwrap();
-        let out = Command::new("losetup")
-            .args(["-f", "--show", img.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        assert!(
-            Command::new("mkfs.ext4")
-                .args(["-q", &dev])
-                .status()
-                .unwrap()
-                .success()
-        );
-        assert!(
-            Command::new("mount")
-                .args([&dev, mnt.to_str().unwrap()])
-                .status()
-                .unwrap()
-                .success()
-        );
-        assert!(
-            Command::new("chown")
-                .args(["postgres:postgres", mnt.to_str().unwrap()])
-                .status()
-                .unwrap()
-                .success()
-        );
-        // The harness's temp dir must be traversable by postgres.
-        assert!(
-            Command::new("chmod")
-                .args(["755", tmp.path().to_str().unwrap()])
-                .status()
-                .unwrap()
-                .success()
-        );
-        Some(LoopMount {
-            _tmp: tmp,
-            mnt,
-            dev,
-        })
-    }
-}
-
-impl Drop for LoopMount {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.mnt).status();
-        let _ = Command::new("losetup").args(["-d", &self.dev]).status();
-    }
-}
-
 #[test]
 fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
-    let Some(lm) = LoopMount::new() else { return };
+    if !loopdev::can_run("the discovery test", false) {
+        return;
+    }
+    let lm = loopdev::LoopVolume::new(256 << 20, true);
     let waldir = lm.mnt.join("pg_wal");
     let Some(pg) = PgServer::start(PgKind::V18, Some(&waldir)) else {
         return;
@@ -391,11 +319,7 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
         Duration::from_secs(60),
         |m| count(m, "c18/wal", "commit") >= 2.0 && count(m, "c18/data", "read") >= 2.0,
     );
-    let loopname = Path::new(&lm.dev)
-        .file_name()
-        .unwrap()
-        .to_string_lossy()
-        .to_string();
+    let loopname = lm.name();
     let info = samples_with(&m, "pgstorage_volume_info", &["volume=\"c18/wal\""]);
     assert_eq!(info.len(), 1, "{m}");
     assert!(

@@ -19,7 +19,11 @@ pub struct WebOptions {
 }
 
 pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
-    let (metrics, volumes) = Metrics::new(cfg.window);
+    let roots = crate::probe::fsinfo::Roots {
+        proc: cfg.limits.proc_root.clone(),
+        sys: cfg.limits.sys_root.clone(),
+    };
+    let (metrics, volumes) = Metrics::new(cfg.window, roots);
     let metrics = Arc::new(metrics);
 
     let listener = tokio::net::TcpListener::bind(web.listen)

@@ -29,6 +29,13 @@ fn main() -> ExitCode {
                 read: !a.no_read,
                 sweep: a.sweep,
             };
+            if let Some(d) = a.sweep
+                && (d < std::time::Duration::from_secs(1)
+                    || d > std::time::Duration::from_secs(300))
+            {
+                eprintln!("pg-storage-exporter check: --sweep {d:?}: out of range, use 1s to 5m");
+                return ExitCode::from(2);
+            }
             let report = match check::run(&opts) {
                 Ok(r) => r,
                 Err(e) => {

@@ -153,7 +153,8 @@ pub fn encode(
         "Most commits per second one client can do on this volume: 1 / commit probe latency (WAL \
          write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99. \
          basis=postgres uses PostgreSQL's own mean WAL sync time over the window, on the \
-         cluster's WAL volume. Statement work and network round trips come on top; group commit \
+         cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
+         per commit probe (docs/ceilings.md). Statement work and network round trips come on top; group commit \
          lets many clients together exceed it.",
     );
     for (v, s) in snaps {

@@ -56,11 +56,14 @@ pub struct Metrics {
 
 impl Metrics {
     /// Builds the registry and the volume set whose probes feed it.
-    pub fn new(window: std::time::Duration) -> (Metrics, Arc<VolumeSet>) {
+    pub fn new(
+        window: std::time::Duration,
+        roots: crate::probe::fsinfo::Roots,
+    ) -> (Metrics, Arc<VolumeSet>) {
         let mut registry = Registry::default();
         let probe = probe::ProbeMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
-        let volumes = VolumeSet::new(window, probe);
+        let volumes = VolumeSet::new(window, probe, roots);
         (
             Metrics {
                 registry,

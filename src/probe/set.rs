@@ -29,12 +29,12 @@ pub struct VolumeSet {
 }
 
 impl VolumeSet {
-    pub fn new(window: Duration, metrics: ProbeMetrics) -> Arc<VolumeSet> {
+    pub fn new(window: Duration, metrics: ProbeMetrics, roots: Roots) -> Arc<VolumeSet> {
         let (tx, rx) = mpsc::channel();
         Arc::new(VolumeSet {
             volumes: RwLock::new(Vec::new()),
             window,
-            roots: Roots::default(),
+            roots,
             metrics,
             stop: Stop::new(),
             done_tx: Mutex::new(Some(tx)),

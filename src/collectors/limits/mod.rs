@@ -185,6 +185,17 @@ fn collect(
             if let Some(r) = &snap.fs.disk_reason {
                 out.no_disk.insert(v.name.clone(), r.clone());
             }
+            // Provisioned limits are still facts about the volume, without
+            // a disk to measure their utilization on.
+            for (resource, value) in &v.provisioned {
+                out.rows.push(LimitRow {
+                    volume: v.name.clone(),
+                    source: "provisioned",
+                    resource,
+                    value: *value as f64,
+                    utilization: None,
+                });
+            }
             continue;
         };
         let cluster = clusters
@@ -297,7 +308,20 @@ fn collect(
             && let Some(o) = own.as_ref().filter(|o| o.path != "/")
             && let Some(c) = cgroup::counters(o, &disk.majmin)
         {
-            let probes = snap.count[Op::Commit.index()];
+            // The exporter's writes on a disk come from every commit-probing
+            // volume on it: divide by all their probes, not this volume's.
+            let probes: u64 = volumes
+                .list()
+                .iter()
+                .filter(|o| o.commit_probe)
+                .filter(|o| {
+                    o.snapshot(snaps_now, &[])
+                        .fs
+                        .disk
+                        .is_some_and(|d| d.majmin == disk.majmin)
+                })
+                .map(|o| o.snapshot(snaps_now, &[]).count[Op::Commit.index()])
+                .sum();
             if let Some(&(pw, pp)) = prev.own.get(&v.name)
                 && probes >= pp + 3
             {

@@ -509,7 +509,10 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
             }
         });
     }
+    // libpq never uses TLS over a Unix-domain socket, whatever sslmode says.
+    let socket = host.starts_with('/');
     c.ssl_mode(match ssl_mode {
+        _ if socket => tokio_postgres::config::SslMode::Disable,
         SslMode::Disable => tokio_postgres::config::SslMode::Disable,
         SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
         _ => tokio_postgres::config::SslMode::Require,

@@ -234,11 +234,12 @@ pub fn locate(root: &Path, cg: &ProcCgroups) -> Option<Located> {
         let has_io = std::fs::read_to_string(v2r.join("cgroup.controllers"))
             .map(|s| s.split_whitespace().any(|c| c == "io"))
             .unwrap_or(false);
-        if has_io {
+        let dirs = chain(v2r, p);
+        if has_io && !dirs.is_empty() {
             return Some(Located {
                 version: Version::V2,
                 path: p.clone(),
-                dirs: chain(v2r, p),
+                dirs,
             });
         }
     }
@@ -246,18 +247,26 @@ pub fn locate(root: &Path, cg: &ProcCgroups) -> Option<Located> {
     if let Some(p) = &cg.blkio
         && blkio.is_dir()
     {
-        return Some(Located {
-            version: Version::V1,
-            path: p.clone(),
-            dirs: chain(&blkio, p),
-        });
+        let dirs = chain(&blkio, p);
+        if !dirs.is_empty() {
+            return Some(Located {
+                version: Version::V1,
+                path: p.clone(),
+                dirs,
+            });
+        }
     }
     None
 }
 
-/// `root/a/b` → [root/a/b, root/a, root], skipping levels that do not exist
-/// (a container sees only its own part of the tree).
+/// `root/a/b` → [root/a/b, root/a, root], skipping intermediate levels that
+/// do not exist (a container sees only its own part of the tree). The
+/// cgroup itself must exist: reading a parent's counters instead would mix
+/// in other processes' IO under the wrong name.
 fn chain(root: &Path, path: &str) -> Vec<PathBuf> {
+    if !root.join(path.trim_start_matches('/')).is_dir() {
+        return Vec::new();
+    }
     let mut dirs = Vec::new();
     let mut rel = PathBuf::from(path.trim_start_matches('/'));
     loop {
@@ -309,9 +318,10 @@ pub fn effective_limits(loc: &Located, dev: &str) -> Limits {
 pub fn counters(loc: &Located, dev: &str) -> Option<Counters> {
     let d = loc.dirs.first()?;
     match loc.version {
+        // No line for the disk: no figure (not a zero rate).
         Version::V2 => std::fs::read_to_string(d.join("io.stat"))
             .ok()
-            .map(|t| parse_io_stat(&t).get(dev).copied().unwrap_or_default()),
+            .and_then(|t| parse_io_stat(&t).get(dev).copied()),
         Version::V1 => {
             let ios = std::fs::read_to_string(d.join("blkio.throttle.io_serviced")).ok()?;
             let bytes = std::fs::read_to_string(d.join("blkio.throttle.io_service_bytes")).ok()?;

@@ -185,3 +185,14 @@ fn parsers() {
     assert_eq!(cg.v2.as_deref(), Some("/system.slice/docker-abc.scope"));
     assert_eq!(parse_proc_cgroup("7:blkio:/\n").v2, None);
 }
+
+#[test]
+fn a_cgroup_that_does_not_exist_is_not_read_from_its_parent() {
+    let root = tempfile::tempdir().unwrap();
+    v2_tree(root.path(), "io");
+    let typo = ProcCgroups {
+        v2: Some("/system.slice/postgresql.servic".into()),
+        blkio: None,
+    };
+    assert_eq!(locate(root.path(), &typo), None);
+}

@@ -1,0 +1,547 @@
+//! End to end with a real Prometheus: the exporter probes a temp volume and
+//! watches a real PostgreSQL (tests/common/pg.rs) as a pg_monitor-only role,
+//! with volume discovery on so the cluster's WAL volume is known; a real
+//! Prometheus (the Debian package's `prometheus` binary) on loopback scrapes
+//! it every second with the rule files of deploy/prometheus loaded; a short
+//! pgbench load runs. Then every PromQL expression of the dashboards and of
+//! the rules goes through Prometheus' HTTP API with no error, the core
+//! panels return data, and every metric and label name they use exists in
+//! docs/metrics.md or in the real scrape.
+//!
+//! Skips (prints SKIPPED) when PostgreSQL is not installed, except under
+//! `CI`, where the harness fails instead. A missing `prometheus` binary
+//! fails with the package to install. Prometheus is stopped, and its temp
+//! dir removed, when the test ends, also when it fails.
+
+// Test code: a panic is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "common/kit.rs"]
+mod kit;
+#[path = "common/pg.rs"]
+mod pg;
+
+use std::collections::BTreeSet;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Exporter, http_get};
+use pg::{PgKind, PgServer};
+
+const MON_PASSWORD: &str = "Mon-Pa55word-4-e2e";
+const JOB: &str = "pg-storage-exporter";
+
+/// A Prometheus server on a free loopback port with a temp config and
+/// storage dir. Dropping it stops the server (SIGTERM, then SIGKILL after
+/// 10 s) and removes the dir.
+struct Prometheus {
+    child: Child,
+    addr: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(target: SocketAddr) -> Prometheus {
+        let mut dir = tempfile::Builder::new()
+            .prefix("pgse-prometheus-")
+            .tempdir()
+            .unwrap();
+        let rules: Vec<String> = kit::RULE_FILES
+            .iter()
+            .map(|f| format!("  - {}\n", kit::repo(f).display()))
+            .collect();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n{}\
+             scrape_configs:\n  - job_name: {JOB}\n    static_configs:\n      - targets: ['{target}']\n",
+            rules.concat()
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        for attempt in 1..=5 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+            let child = Command::new("prometheus")
+                .arg(format!(
+                    "--config.file={}",
+                    dir.path().join("prometheus.yml").display()
+                ))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.path().join("data").display()
+                ))
+                .arg(format!("--web.listen-address={addr}"))
+                .arg("--storage.tsdb.retention.time=1h")
+                .arg("--log.level=info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!(
+                        "cannot run `prometheus` ({e}): install the Debian package `prometheus` \
+                         (apt-get install prometheus; ./scripts/test does it)"
+                    )
+                });
+            let mut p = Prometheus { child, addr, dir };
+            if p.wait_ready(Duration::from_secs(30)) {
+                return p;
+            }
+            let log = p.log();
+            if !log.contains("address already in use") || attempt == 5 {
+                panic!("Prometheus did not become ready on {addr}; log:\n{log}");
+            }
+            // Port taken in the meantime: stop this one, try another port.
+            p.stop();
+            dir = std::mem::replace(&mut p.dir, tempfile::tempdir().unwrap());
+        }
+        unreachable!()
+    }
+
+    fn wait_ready(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return false;
+            }
+            if std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok()
+                && http_get(self.addr, "/-/ready", None).0 == 200
+            {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        false
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    /// GET an API path; the parsed JSON body.
+    fn api(&self, path: &str) -> serde_json::Value {
+        let (status, _, body) = http_get(self.addr, path, None);
+        let v: serde_json::Value = serde_json::from_str(&body)
+            .unwrap_or_else(|e| panic!("{path}: HTTP {status}, not JSON ({e}): {body}"));
+        v
+    }
+
+    /// Instant query: Ok(result array) or Err(Prometheus' error).
+    fn query(&self, expr: &str) -> Result<Vec<serde_json::Value>, String> {
+        let v = self.api(&format!("/api/v1/query?query={}", kit::urlencode(expr)));
+        if v["status"] != "success" {
+            return Err(format!(
+                "{}: {}",
+                v["errorType"].as_str().unwrap_or("?"),
+                v["error"].as_str().unwrap_or("?")
+            ));
+        }
+        match &v["data"]["result"] {
+            serde_json::Value::Array(a) => Ok(a.clone()),
+            // A scalar or string result: one value.
+            other => Ok(vec![other.clone()]),
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The exporter's configuration: one probed temp volume with a provisioned
+/// IOPS limit (so the IO cap series exist), fast intervals, and the cluster
+/// with volume discovery on. The volume is on the same filesystem as the
+/// cluster's data directory and WAL (both in temp dirs), so discovery
+/// reports it as holding the cluster's `data` and `wal` roles.
+fn write_config(dir: &Path, pg: &PgServer) -> PathBuf {
+    let vol = dir.join("vol");
+    std::fs::create_dir_all(&vol).unwrap();
+    let cfg = dir.join("exporter.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "window = \"1m\"\n\
+             limits_interval = \"1s\"\n\
+             [defaults]\n\
+             interval = \"200ms\"\n\
+             read_file_size = \"4MiB\"\n\
+             free_space_reserve = \"0\"\n\
+             [[volume]]\n\
+             name = \"t\"\n\
+             path = \"{}\"\n\
+             provisioned_iops = 100000\n\
+             [[cluster]]\n\
+             name = \"c\"\n\
+             dsn = \"{}\"\n\
+             scrape_interval = \"1s\"\n\
+             wait_sampling_interval = \"200ms\"\n\
+             discover_volumes = true\n",
+            vol.display(),
+            pg.dsn("mon", MON_PASSWORD)
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+/// Panels whose every target must return data once the exporter has
+/// probed, PostgreSQL has committed and Prometheus has scraped a few times.
+const CORE_PANELS: &[(&str, &str)] = &[
+    (
+        "pg-storage-exporter-overview.json",
+        "Commit ceiling in force vs commit rate",
+    ),
+    (
+        "pg-storage-exporter-overview.json",
+        "Share of the ceiling in use",
+    ),
+    ("pg-storage-exporter-overview.json", "IO cap utilization"),
+    (
+        "pg-storage-exporter-latency.json",
+        "Sync latency quantiles (window)",
+    ),
+    (
+        "pg-storage-exporter-latency.json",
+        "Read latency quantiles (window)",
+    ),
+    (
+        "pg-storage-exporter-latency.json",
+        "Commit latency quantiles (window)",
+    ),
+    ("pg-storage-exporter-postgresql.json", "PostgreSQL up"),
+    (
+        "pg-storage-exporter-postgresql.json",
+        "WAL syncs per second",
+    ),
+    (
+        "pg-storage-exporter-postgresql.json",
+        "Wait events (stacked)",
+    ),
+    (
+        "pg-storage-exporter-postgresql.json",
+        "pg_stat_io operations by backend type and context",
+    ),
+    (
+        "pg-storage-exporter-postgresql.json",
+        "WAL sync mean: PostgreSQL vs probe",
+    ),
+];
+
+/// Waits until Prometheus has scraped the exporter successfully `n` times
+/// within the last minute.
+fn wait_for_scrapes(prom: &Prometheus, n: u32, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let expr =
+        format!("count_over_time(up{{job=\"{JOB}\"}}[1m]) >= {n} and up{{job=\"{JOB}\"}} == 1");
+    loop {
+        if prom.query(&expr).is_ok_and(|r| !r.is_empty()) {
+            return;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "Prometheus did not scrape the exporter {n} times; targets: {}\nlog:\n{}",
+                prom.api("/api/v1/targets"),
+                prom.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Recorded series that must exist after a few evaluations.
+const CORE_RECORDINGS: &[&str] = &[
+    "instance_volume_op:pgstorage_probe_seconds:p99_5m{op=\"sync\"}",
+    "instance_volume_op:pgstorage_probe_seconds:p50_5m{op=\"read\"}",
+    "instance_volume_op:pgstorage_probe_seconds:p99_1h{op=\"commit\"}",
+];
+
+/// Metric names in the scrape (`# TYPE` lines and samples), with the
+/// suffixes of histograms, summaries and counters; and label names.
+fn scrape_names(scrape: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let mut metrics = BTreeSet::new();
+    let mut labels = BTreeSet::new();
+    for line in scrape.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            let (name, kind) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+            metrics.insert(name.to_string());
+            let suffixes: &[&str] = match kind {
+                "histogram" => &["_bucket", "_sum", "_count"],
+                "summary" => &["_sum", "_count"],
+                "counter" => &["_total"],
+                _ => &[],
+            };
+            for s in suffixes {
+                metrics.insert(format!("{name}{s}"));
+            }
+        } else if !line.starts_with('#') && !line.is_empty() {
+            let series = line.rsplit_once(' ').map_or(line, |(s, _)| s);
+            let (name, rest) = series.split_once('{').unwrap_or((series, ""));
+            metrics.insert(name.to_string());
+            for pair in rest.trim_end_matches('}').split("\",") {
+                if let Some((k, _)) = pair.split_once('=') {
+                    labels.insert(k.trim().to_string());
+                }
+            }
+        }
+    }
+    (metrics, labels)
+}
+
+#[test]
+fn prometheus_evaluates_every_dashboard_and_rule_expression() {
+    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    let work = tempfile::Builder::new()
+        .prefix("pgse-e2e-")
+        .tempdir()
+        .unwrap();
+    let cfg = write_config(work.path(), &pg);
+    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let prom = Prometheus::start(ex.addr);
+    eprintln!(
+        "PostgreSQL {} on port {}, exporter on {}, Prometheus on {}",
+        pg.major(),
+        pg.port(),
+        ex.addr,
+        prom.addr
+    );
+
+    // Discovery has mapped the cluster's WAL to a probed volume, and the
+    // probes have samples of every op.
+    let scrape = ex.wait_for("discovery and probes", Duration::from_secs(60), |m| {
+        m.contains("pgstorage_cluster_volume_info{cluster=\"c\",volume=\"t\",role=\"wal\"} 1")
+            && common::count(m, "t", "sync") >= 3.0
+            && common::count(m, "t", "read") >= 3.0
+            && m.contains("pgstorage_pg_up{cluster=\"c\"} 1")
+    });
+    assert!(
+        scrape
+            .contains("pgstorage_cluster_volume_info{cluster=\"c\",volume=\"t\",role=\"data\"} 1"),
+        "{scrape}"
+    );
+
+    // Prometheus' first scrape comes a few seconds after its start (target
+    // discovery is batched): wait for two before the load, so that the load
+    // is in its data.
+    wait_for_scrapes(&prom, 2, Duration::from_secs(60));
+    let out = pg.pgbench_inserts(2, 5);
+    let tps = out
+        .lines()
+        .find(|l| l.starts_with("tps"))
+        .unwrap_or("tps ?")
+        .to_string();
+    eprintln!("pgbench: {tps}");
+
+    // Wait until Prometheus has what the core panels need: two scrapes
+    // after the load for rate(), a few rule evaluations.
+    let dashboards = kit::dashboards();
+    let queries: Vec<kit::DashQuery> = dashboards
+        .iter()
+        .flat_map(|(f, d)| kit::dashboard_queries(f, d))
+        .collect();
+    let core: Vec<&kit::DashQuery> = queries
+        .iter()
+        .filter(|q| {
+            CORE_PANELS
+                .iter()
+                .any(|(f, t)| q.dashboard == *f && q.title == *t)
+        })
+        .collect();
+    for (f, t) in CORE_PANELS {
+        assert!(
+            core.iter().any(|q| q.dashboard == *f && q.title == *t),
+            "core panel {t:?} not found in {f}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let mut empty: Vec<String>;
+    loop {
+        empty = Vec::new();
+        for q in &core {
+            match prom.query(&kit::substitute(&q.raw)) {
+                Ok(r) if !r.is_empty() => {}
+                Ok(_) => empty.push(format!("{} / {} / {}", q.dashboard, q.title, q.ref_id)),
+                Err(e) => panic!("{} / {}: {e}\n{}", q.dashboard, q.title, q.raw),
+            }
+        }
+        for r in CORE_RECORDINGS {
+            if prom.query(r).map(|v| v.is_empty()).unwrap_or(true) {
+                empty.push((*r).to_string());
+            }
+        }
+        if empty.is_empty() || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(
+        empty.is_empty(),
+        "core panels without data: {empty:#?}\nexporter scrape:\n{}\nPrometheus log:\n{}",
+        ex.metrics(),
+        prom.log()
+    );
+
+    // The scrape target is up, PostgreSQL is up, PostgreSQL synced WAL.
+    let up = prom.query(&format!("up{{job=\"{JOB}\"}}")).unwrap();
+    assert_eq!(up.len(), 1, "{up:?}");
+    assert_eq!(up[0]["value"][1], "1", "{up:?}");
+    let pg_up = prom.query("pgstorage_pg_up{cluster=\"c\"}").unwrap();
+    assert_eq!(pg_up[0]["value"][1], "1", "{pg_up:?}");
+    let value = |expr: &str| -> f64 {
+        let r = prom.query(expr).unwrap();
+        assert!(!r.is_empty(), "{expr}: no data");
+        r[0]["value"][1].as_str().unwrap().parse().unwrap()
+    };
+    let commits = value("sum(increase(pgstorage_pg_commits_total{cluster=\"c\"}[2m]))");
+    let syncs = value("sum(increase(pgstorage_pg_wal_syncs_total{cluster=\"c\"}[2m]))");
+    eprintln!("Prometheus saw {commits:.0} commits and {syncs:.0} WAL syncs in the last 2 minutes");
+    assert!(commits > 1000.0, "pgbench's commits: {commits}");
+    assert!(syncs > 100.0, "pgbench's WAL syncs: {syncs}");
+
+    // Every dashboard expression (panels and variables), substituted.
+    let mut errors = Vec::new();
+    let mut with_data = 0;
+    let mut no_data = Vec::new();
+    for q in &queries {
+        let expr = kit::substitute(&q.raw);
+        match prom.query(&expr) {
+            Ok(r) if r.is_empty() => {
+                no_data.push(format!("{} / {} {}", q.dashboard, q.title, q.ref_id))
+            }
+            Ok(_) => with_data += 1,
+            Err(e) => errors.push(format!(
+                "{} / {} {}: {e}\n  {expr}",
+                q.dashboard, q.title, q.ref_id
+            )),
+        }
+    }
+
+    // Every rule, as Prometheus loaded it.
+    let rules = prom.api("/api/v1/rules");
+    assert_eq!(rules["status"], "success", "{rules}");
+    let mut rule_exprs = Vec::new();
+    for g in rules["data"]["groups"].as_array().unwrap() {
+        for r in g["rules"].as_array().unwrap() {
+            let name = r["name"].as_str().unwrap().to_string();
+            let health = r["health"].as_str().unwrap_or("");
+            assert_ne!(
+                health, "err",
+                "rule {name} failed to evaluate: {}",
+                r["lastError"]
+            );
+            rule_exprs.push((name, r["query"].as_str().unwrap().to_string()));
+        }
+    }
+    let in_files: usize = kit::RULE_FILES
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(kit::repo(f))
+                .unwrap()
+                .lines()
+                .filter(|l| {
+                    let t = l.trim_start();
+                    t.starts_with("- record:") || t.starts_with("- alert:")
+                })
+                .count()
+        })
+        .sum();
+    assert_eq!(rule_exprs.len(), in_files, "Prometheus loaded every rule");
+    let mut rules_with_data = 0;
+    for (name, expr) in &rule_exprs {
+        match prom.query(expr) {
+            Ok(r) if r.is_empty() => no_data.push(format!("rule {name}")),
+            Ok(_) => rules_with_data += 1,
+            Err(e) => errors.push(format!("rule {name}: {e}\n  {expr}")),
+        }
+    }
+    assert!(
+        errors.is_empty(),
+        "{} expressions failed:\n{}",
+        errors.len(),
+        errors.join("\n")
+    );
+    eprintln!(
+        "evaluated {} dashboard expressions ({} with data) and {} rule expressions ({} with data, \
+         the others are alert conditions that do not hold or recordings not evaluated yet): 0 errors",
+        queries.len(),
+        with_data,
+        rule_exprs.len(),
+        rules_with_data
+    );
+    eprintln!("without data here: {no_data:#?}");
+
+    // Metric and label names: only those of docs/metrics.md or of the
+    // real scrape (recorded series aside).
+    let (scraped_metrics, scraped_labels) = scrape_names(&ex.metrics());
+    let documented = kit::documented_metrics();
+    let mut known_labels: BTreeSet<String> = scraped_labels;
+    known_labels.extend(kit::documented_labels());
+    for l in ["job", "instance", "le", "quantile", "__name__"] {
+        known_labels.insert(l.to_string());
+    }
+    let is_known_metric = |m: &str| {
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| m.strip_suffix(s))
+            .unwrap_or(m);
+        scraped_metrics.contains(m) || documented.iter().any(|d| d == m || d == base)
+    };
+    let mut all_exprs: Vec<String> = queries.iter().map(|q| q.raw.clone()).collect();
+    all_exprs.extend(rule_exprs.iter().map(|(_, e)| e.clone()));
+    let mut unknown = BTreeSet::new();
+    for e in &all_exprs {
+        for m in kit::metric_names(e) {
+            if !is_known_metric(&m) {
+                unknown.insert(format!("metric {m}"));
+            }
+        }
+        for l in kit::label_names(e) {
+            if !known_labels.contains(&l) {
+                unknown.insert(format!("label {l} (in {e})"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "names neither in docs/metrics.md nor in the scrape: {unknown:#?}"
+    );
+
+    // Clean shutdown of the exporter (probe files removed); Prometheus and
+    // PostgreSQL stop when dropped.
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(Duration::from_secs(15)).success());
+    assert!(
+        !work.path().join("vol/pg-storage-exporter-probe").exists(),
+        "probe dir removed at shutdown"
+    );
+    drop(prom);
+    drop(pg);
+}

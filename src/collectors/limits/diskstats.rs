@@ -33,9 +33,9 @@ pub fn parse(text: &str) -> BTreeMap<String, DiskStats> {
                 f.get(2)?.to_string(),
                 DiskStats {
                     reads: n(3)?,
-                    read_bytes: n(5)? * 512,
+                    read_bytes: n(5)?.saturating_mul(512),
                     writes: n(7)?,
-                    write_bytes: n(9)? * 512,
+                    write_bytes: n(9)?.saturating_mul(512),
                 },
             ))
         })

@@ -65,10 +65,16 @@ impl Exporter {
                 });
             }
         }
-        cmd.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.args(args);
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Self::spawn(cmd)
+    }
+
+    /// Starts a prepared command (BIN with args, uid, ...), reading its log.
+    pub fn spawn(mut cmd: Command) -> Exporter {
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn exporter");
         let stderr = child.stderr.take().expect("stderr");
         let log = Arc::new(Mutex::new(String::new()));

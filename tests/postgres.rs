@@ -542,3 +542,37 @@ fn tls_follows_sslmode() {
         assert!(!ex.log().contains(MON_PASSWORD));
     }
 }
+
+#[test]
+fn survives_sigkill_of_the_postmaster() {
+    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    let dir = tempfile::tempdir().unwrap();
+    let ex = exporter(&pg, dir.path(), "discover_volumes = false");
+    ex.wait_for("pg_up 1", Duration::from_secs(30), |m| {
+        pg_up(m) == Some(1.0)
+    });
+    let pid: i32 = std::fs::read_to_string(pg.data_dir().join("postmaster.pid"))
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: kill(2) on the postmaster this test started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    ex.wait_for("pg_up 0", Duration::from_secs(10), |m| {
+        pg_up(m) == Some(0.0)
+    });
+    assert_eq!(ex.get("/metrics").0, 200);
+    // Backends notice the postmaster's death and exit; then it can start.
+    std::thread::sleep(Duration::from_secs(3));
+    pg.start_again();
+    ex.wait_for("pg_up back to 1", Duration::from_secs(40), |m| {
+        pg_up(m) == Some(1.0)
+    });
+    assert!(!ex.log().contains("panicked"));
+}

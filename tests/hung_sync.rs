@@ -96,3 +96,59 @@ fn hung_sync_is_visible_and_shutdown_still_removes_files() {
         assert!(status.success(), "{engine}: {status:?}\n{}", ex.log());
     }
 }
+
+/// One write IOPS: every sync crawls but does finish, so the process can
+/// also exit promptly once told to.
+#[test]
+fn one_write_iops_keeps_metrics_fast_and_shutdown_bounded() {
+    if !loopdev::can_run("the 1-IOPS test", true) {
+        return;
+    }
+    let mut vol = loopdev::LoopVolume::new(128 << 20, false);
+    let group = vol.group("pgse-1iops", &[]);
+    let cfg = vol.mnt.join("..").join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "shutdown_timeout = \"2s\"\n[[volume]]\nname = \"slow\"\npath = \"{}\"\n\
+             interval = \"100ms\"\ntimeout = \"5s\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n",
+            vol.mnt.display()
+        ),
+    )
+    .unwrap();
+    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("probes", Duration::from_secs(30), |m| {
+        count(m, "slow", "commit") >= 2.0
+    });
+    vol.throttle(&group, "write_iops_device", 1);
+    std::fs::write(group.join("cgroup.procs"), ex.child.id().to_string()).unwrap();
+    let t0 = Instant::now();
+    let mut max_age = 0.0f64;
+    let mut slowest = Duration::ZERO;
+    while t0.elapsed() < Duration::from_secs(20) {
+        let t = Instant::now();
+        let m = ex.metrics();
+        slowest = slowest.max(t.elapsed());
+        max_age = max_age
+            .max(sample(&m, "pgstorage_probe_in_flight_seconds{volume=\"slow\"}").unwrap_or(0.0));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let m = ex.metrics();
+    let commits = count(&m, "slow", "commit");
+    eprintln!(
+        "1 write IOPS: slowest scrape {slowest:?}, largest in-flight age {max_age:.1} s, {commits} commits"
+    );
+    assert!(slowest < Duration::from_secs(1), "scrape took {slowest:?}");
+    assert!(
+        max_age > 0.5,
+        "the throttle shows as in-flight time: {max_age}"
+    );
+    let stopped = Instant::now();
+    ex.signal(libc::SIGTERM);
+    let status = ex.wait_exit(Duration::from_secs(30));
+    let took = stopped.elapsed();
+    eprintln!("SIGTERM to exit: {took:?}");
+    assert!(status.success(), "{status:?}\n{}", ex.log());
+    assert!(took < Duration::from_secs(15), "exit took {took:?}");
+    assert!(!vol.mnt.join("pg-storage-exporter-probe").exists());
+}

@@ -161,7 +161,19 @@ impl Drop for LoopVolume {
             }
             let _ = std::fs::remove_dir(g);
         }
-        let _ = Command::new("umount").arg(&self.mnt).status();
+        // IO that was throttled may still be draining (an exited process's
+        // last writes): retry the unmount for a while rather than leak it.
+        for _ in 0..40 {
+            let ok = Command::new("umount")
+                .arg(&self.mnt)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if ok || !self.mnt.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
         let _ = Command::new("losetup").args(["-d", &self.dev]).status();
     }
 }

@@ -43,6 +43,12 @@ pub struct Cli {
     )]
     pub telemetry_path: String,
 
+    /// Web configuration file (TLS, basic auth) in the format of the
+    /// Prometheus exporter-toolkit: tls_server_config (cert_file, key_file,
+    /// min_version, max_version) and basic_auth_users (bcrypt hashes).
+    #[arg(long = "web.config.file", value_name = "FILE")]
+    pub web_config_file: Option<PathBuf>,
+
     /// TOML configuration file (see config/example.toml).
     #[arg(long = "config.file", value_name = "FILE")]
     pub config_file: Option<PathBuf>,

@@ -9,13 +9,17 @@ use anyhow::Context;
 
 use crate::collectors::postgres::ClusterState;
 use crate::config::Config;
-use crate::http::{AppState, router};
+use crate::http::tls::TlsListener;
+use crate::http::{AppState, router, with_basic_auth};
 use crate::metrics::Metrics;
+use crate::web_config::WebSecurity;
 
 #[derive(Debug, Clone)]
 pub struct WebOptions {
     pub listen: SocketAddr,
     pub telemetry_path: String,
+    /// From `--web.config.file`; the default is plain HTTP without auth.
+    pub security: WebSecurity,
 }
 
 pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
@@ -30,10 +34,16 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", web.listen))?;
     let local = listener.local_addr().context("reading the bound address")?;
+    // Whether the endpoint is protected, stated once; never which users or
+    // anything about their passwords.
     tracing::info!(
         address = %local,
         telemetry_path = %web.telemetry_path,
         version = env!("CARGO_PKG_VERSION"),
+        tls = web.security.tls.is_some(),
+        tls_min_version = web.security.tls_min_version.map(|v| v.as_str()),
+        basic_auth = web.security.basic_auth.is_some(),
+        basic_auth_users = web.security.basic_auth.as_ref().map(|a| a.users()),
         "listening"
     );
 
@@ -78,15 +88,29 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
         })
     };
 
-    let app = router(Arc::new(AppState {
+    let mut app = router(Arc::new(AppState {
         metrics,
         telemetry_path: web.telemetry_path.clone(),
         volumes: volumes.clone(),
     }));
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("HTTP server failed");
+    if let Some(auth) = &web.security.basic_auth {
+        app = with_basic_auth(app, auth.clone());
+    }
+    let served = match &web.security.tls {
+        // With TLS configured the port speaks only TLS: no plain-HTTP
+        // fallback that a misconfigured scraper could silently use.
+        Some(tls) => {
+            axum::serve(TlsListener::new(listener, local, tls.clone()), app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+        }
+        None => {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+        }
+    }
+    .context("HTTP server failed");
     watchdog.abort();
 
     let timeout = cfg.shutdown_timeout;

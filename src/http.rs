@@ -1,6 +1,12 @@
 //! HTTP: metrics, health and a landing page. Handlers only encode what is in
 //! memory; they never touch a disk or PostgreSQL, so a scrape is fast even
 //! while a probe is stuck in a sync.
+//!
+//! TLS and basic auth (`--web.config.file`) live in the submodules and wrap
+//! this router and listener; without them the endpoint is plain HTTP.
+
+pub mod auth;
+pub mod tls;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -29,6 +35,12 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/healthz", get(healthz))
         .route("/", get(landing))
         .with_state(state)
+}
+
+/// Puts every route, the fallback included, behind basic auth:
+/// exporter-toolkit protects all paths, and so does this.
+pub fn with_basic_auth(router: Router, auth: Arc<auth::BasicAuth>) -> Router {
+    router.layer(axum::middleware::from_fn_with_state(auth, auth::require))
 }
 
 async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {

@@ -12,3 +12,4 @@ pub mod metrics;
 pub mod model;
 pub mod probe;
 pub mod types;
+pub mod web_config;

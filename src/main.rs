@@ -10,6 +10,7 @@ use pg_storage_exporter::cli::{Cli, Command, OutputFormat, parse_listen};
 use pg_storage_exporter::config::{self, FlagOverrides};
 use pg_storage_exporter::daemon::{self, WebOptions};
 use pg_storage_exporter::logging;
+use pg_storage_exporter::web_config::{self, WebSecurity};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -131,6 +132,18 @@ fn run_daemon(cli: Cli) -> ExitCode {
         );
         return ExitCode::from(2);
     }
+    // Like the configuration: a missing certificate or a malformed hash stops
+    // the start with exit 2, before the port is bound.
+    let security = match cli.web_config_file.as_deref() {
+        Some(path) => match web_config::load(path) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("pg-storage-exporter: invalid web configuration: {e:#}");
+                return ExitCode::from(2);
+            }
+        },
+        None => WebSecurity::default(),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("pgse-async")
@@ -146,6 +159,7 @@ fn run_daemon(cli: Cli) -> ExitCode {
     let web = WebOptions {
         listen,
         telemetry_path: cli.telemetry_path.clone(),
+        security,
     };
     let result = runtime.block_on(daemon::run(cfg, web));
     // Abandoned probe threads must not keep the process alive.

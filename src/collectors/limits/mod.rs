@@ -330,7 +330,11 @@ fn collect(
                     prev.wpp.insert(v.name.clone(), w);
                 }
             }
-            next_own.insert(v.name.clone(), (c.write_ios, probes));
+            // Only once probing has begun: the probe files are written
+            // before the first probe, and those writes are not a probe's.
+            if probes > 0 {
+                next_own.insert(v.name.clone(), (c.write_ios, probes));
+            }
         }
         if let Some(w) = prev.wpp.get(&v.name) {
             out.writes_per_probe.insert(v.name.clone(), *w);

@@ -131,7 +131,7 @@ fn auto_engine_falls_back_when_io_uring_is_unavailable_and_says_why() {
         count(m, "t", "commit") >= 2.0
     });
     assert!(m.contains("engine=\"sync\""));
-    assert!(ex.log().contains("io_uring unavailable"), "{}", ex.log());
+    ex.wait_log("io_uring unavailable", Duration::from_secs(10));
 }
 
 #[test]
@@ -172,7 +172,7 @@ fn probe_files_exist_while_running_and_are_gone_after_sigterm_and_sigint() {
             dir_entries(&probe_dir)
         );
         assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
-        assert!(ex.log().contains("removed probe files"), "{}", ex.log());
+        ex.wait_log("removed probe files", Duration::from_secs(10));
     }
 }
 
@@ -189,11 +189,7 @@ fn stale_probe_files_of_a_crashed_run_are_removed_at_start() {
     ex.wait_for("a commit probe", Duration::from_secs(30), |m| {
         count(m, "t", "commit") >= 1.0
     });
-    assert!(
-        ex.log().contains("removed stale probe file"),
-        "{}",
-        ex.log()
-    );
+    ex.wait_log("removed stale probe file", Duration::from_secs(10));
     assert_eq!(
         std::fs::metadata(probe_dir.join("wal.probe"))
             .unwrap()
@@ -214,10 +210,9 @@ fn second_exporter_on_the_same_probe_dir_is_refused_and_counted() {
         m.contains("pgstorage_probe_errors_total{volume=\"t\",op=\"setup\",error=\"in_use\"} 1")
     });
     assert_eq!(count(&m, "t", "commit"), 0.0);
-    assert!(
-        b.log().contains("in use by another pg-storage-exporter"),
-        "{}",
-        b.log()
+    b.wait_log(
+        "in use by another pg-storage-exporter",
+        Duration::from_secs(10),
     );
     // The first keeps probing.
     let before = count(&a.metrics(), "t", "commit");

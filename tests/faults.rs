@@ -90,10 +90,9 @@ fn full_volume_at_start_then_space_freed() {
         setup_errors(m, "free_space_reserve") >= 1.0
     });
     assert_eq!(count(&m, "t", "commit"), 0.0);
-    assert!(
-        ex.log().contains("must stay free (free_space_reserve)"),
-        "{}",
-        ex.log()
+    ex.wait_log(
+        "must stay free (free_space_reserve)",
+        Duration::from_secs(10),
     );
     assert!(
         !lv.mnt.join("pg-storage-exporter-probe/wal.probe").exists(),
@@ -162,7 +161,7 @@ fn read_only_filesystem_then_remounted_read_write() {
     ex.wait_for("an EROFS setup error", Duration::from_secs(20), |m| {
         setup_errors(m, "EROFS") >= 1.0
     });
-    assert!(ex.log().contains("Read-only file system"), "{}", ex.log());
+    ex.wait_log("Read-only file system", Duration::from_secs(10));
     assert_eq!(ex.get("/metrics").0, 200);
     assert!(
         Command::new("mount")
@@ -223,7 +222,7 @@ fn permission_denied_then_granted() {
     ex.wait_for("an EACCES setup error", Duration::from_secs(20), |m| {
         setup_errors(m, "EACCES") >= 1.0
     });
-    assert!(ex.log().contains("Permission denied"), "{}", ex.log());
+    ex.wait_log("Permission denied", Duration::from_secs(10));
     assert!(
         Command::new("chown")
             .args(["postgres:postgres", vol.to_str().unwrap()])

@@ -270,7 +270,10 @@ fn wrong_password_is_a_clear_error_without_the_password() {
             >= 1.0
     });
     assert_eq!(pg_up(&m), Some(0.0));
-    let log = ex.log();
+    let log = ex.wait_log(
+        "password authentication failed for user",
+        Duration::from_secs(10),
+    );
     assert!(
         log.contains("password authentication failed for user"),
         "{log}"
@@ -532,11 +535,7 @@ fn tls_follows_sslmode() {
                 .unwrap_or(0.0)
                     >= 1.0
             });
-            assert!(
-                ex.log().contains("NotValidForName") || ex.log().contains("not valid for name"),
-                "{}",
-                ex.log()
-            );
+            ex.wait_log("NotValidForName", Duration::from_secs(10));
             assert_eq!(pg_up(&ex.metrics()), Some(0.0));
         }
         assert!(!ex.log().contains(MON_PASSWORD));

@@ -134,6 +134,22 @@ impl Exporter {
         }
     }
 
+    /// Waits until the log contains `needle`: a metric can be scraped a
+    /// moment before the log line written after it reaches our reader.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            if Instant::now() > deadline {
+                panic!("log never contained {needle:?}:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

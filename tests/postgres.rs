@@ -535,7 +535,7 @@ fn tls_follows_sslmode() {
                 .unwrap_or(0.0)
                     >= 1.0
             });
-            ex.wait_log("NotValidForName", Duration::from_secs(10));
+            ex.wait_log("not valid for name", Duration::from_secs(10));
             assert_eq!(pg_up(&ex.metrics()), Some(0.0));
         }
         assert!(!ex.log().contains(MON_PASSWORD));

@@ -19,17 +19,12 @@ use crate::types::Op;
 
 const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
-use super::text::escape;
+use super::text::{escape, gauge_header, summary_header};
 
 fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
     let cap = limits.write_iops_limit(volume)?;
     let wpp = limits.writes_per_probe.get(volume).copied()?;
     crate::model::ceiling::capped_ceiling(cap, wpp)
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
 /// Appends the derived metric families for `snaps` to `out`.
@@ -39,10 +34,9 @@ pub fn encode(
     clusters: &[ClusterSnapshot],
     limits: &LimitsSnapshot,
 ) {
-    header(
+    summary_header(
         out,
         "pgstorage_probe_window_seconds",
-        "summary",
         "Exact quantiles of probe latency over the sliding window (config key window, default \
          15m), in seconds; quantile=1 is the maximum. Computed from samples in memory at scrape \
          time; quantiles are absent while the window holds no sample. _sum and _count are \
@@ -76,10 +70,9 @@ pub fn encode(
         }
     }
 
-    header(
+    gauge_header(
         out,
         "pgstorage_probe_window_samples",
-        "gauge",
         "Number of samples in the sliding window behind pgstorage_probe_window_seconds; a p99.9 \
          from fewer than 1000 samples is close to the maximum.",
     );
@@ -96,10 +89,9 @@ pub fn encode(
         }
     }
 
-    header(
+    gauge_header(
         out,
         "pgstorage_probe_in_flight_seconds",
-        "gauge",
         "Age in seconds of the probe operation in flight on the volume, 0 when idle. A value that \
          keeps growing is a hung write or sync: no second probe is started meanwhile.",
     );
@@ -112,10 +104,9 @@ pub fn encode(
         );
     }
 
-    header(
+    gauge_header(
         out,
         "pgstorage_volume_info",
-        "gauge",
         "Always 1: what is probed and how. device is the kernel block device (or the mount source \
          when there is none); engine is io_uring or sync (fallback), empty until the probe thread \
          has set up; sync_method follows PostgreSQL's wal_sync_method (empty without a commit probe); \
@@ -146,10 +137,9 @@ pub fn encode(
         );
     }
 
-    header(
+    gauge_header(
         out,
         "pgstorage_commit_ceiling_per_second",
-        "gauge",
         "Most commits per second one client can do on this volume: 1 / commit probe latency (WAL \
          write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99. \
          basis=postgres uses PostgreSQL's own mean WAL sync time over the window, on the \
@@ -199,10 +189,9 @@ pub fn encode(
         }
     }
 
-    header(
+    gauge_header(
         out,
         "pgstorage_commit_ceiling_in_force_per_second",
-        "gauge",
         "The commit ceiling in force on the volume: the lowest of the bases probe_p50, postgres and \
          cap that are available. probe_p99 is left out: it bounds the slow tail, not the rate one \
          client sustains.",
@@ -230,10 +219,9 @@ pub fn encode(
         }
     }
 
-    header(
+    gauge_header(
         out,
         "pgstorage_sweep_read_iops",
-        "gauge",
         "IOPS of 8 KiB O_DIRECT random reads at each queue depth in the latest queue-depth sweep \
          (off unless sweep_every is set). IOPS that stop growing with depth while latency grows in \
          proportion is a cap: see pgstorage_io_limit{source=\"detected\"}.",
@@ -253,10 +241,9 @@ pub fn encode(
             );
         }
     }
-    header(
+    gauge_header(
         out,
         "pgstorage_sweep_read_latency_seconds",
-        "gauge",
         "Mean (stat=mean) and p99 (stat=p99) latency at each queue depth in the latest sweep.",
     );
     for (vol, s) in &sweeps {
@@ -271,10 +258,9 @@ pub fn encode(
             }
         }
     }
-    header(
+    gauge_header(
         out,
         "pgstorage_sweep_last_timestamp_seconds",
-        "gauge",
         "Unix time the latest queue-depth sweep of the volume finished.",
     );
     for (vol, s) in &sweeps {
@@ -286,10 +272,9 @@ pub fn encode(
         );
     }
 
-    header(
+    gauge_header(
         out,
         "pgstorage_pg_wal_sync_probe_ratio",
-        "gauge",
         "PostgreSQL's mean WAL sync time over the window divided by the probe's mean sync (or \
          O_DSYNC write) time on the cluster's WAL volume. Near 1: PostgreSQL's syncs cost what the \
          storage costs. Far above 1: something slows PostgreSQL that the probe does not feel (a \

@@ -38,6 +38,12 @@ pub fn gauge_header(out: &mut String, name: &str, help: &str) {
     let _ = writeln!(out, "# TYPE {name} gauge");
 }
 
+/// HELP/TYPE of a summary (same in both formats).
+pub fn summary_header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} summary");
+}
+
 /// HELP/TYPE of a counter whose samples are `<base>_total`.
 pub fn counter_header(out: &mut String, format: Format, base: &str, help: &str) {
     let family = match format {

@@ -68,6 +68,10 @@ impl Window {
     /// `None` when there are none (a stalled probe makes its quantiles
     /// disappear rather than freeze at stale values).
     pub fn quantiles(&self, now: Instant, qs: &[f64]) -> Option<Vec<f64>> {
+        // Asked for no quantile (counts only): no need to copy and sort.
+        if qs.is_empty() {
+            return (self.live_len(now) > 0).then(Vec::new);
+        }
         let live: Vec<f64> = self
             .samples
             .iter()

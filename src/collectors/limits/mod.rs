@@ -178,9 +178,18 @@ fn collect(
     let mut next_cgroup = BTreeMap::new();
     let mut next_own = BTreeMap::new();
     let mut seen_pressure = Vec::new();
+    // One snapshot per volume for the whole pass: the per-disk sum of commit
+    // probes below reads every volume's, once per volume it serves.
     let snaps_now = Instant::now();
-    for v in volumes.list() {
-        let snap = v.snapshot(snaps_now, &[]);
+    let vols: Vec<_> = volumes
+        .list()
+        .into_iter()
+        .map(|v| {
+            let s = v.snapshot(snaps_now, &[]);
+            (v, s)
+        })
+        .collect();
+    for (v, snap) in &vols {
         let Some(disk) = snap.fs.disk.clone() else {
             if let Some(r) = &snap.fs.disk_reason {
                 out.no_disk.insert(v.name.clone(), r.clone());
@@ -310,17 +319,12 @@ fn collect(
         {
             // The exporter's writes on a disk come from every commit-probing
             // volume on it: divide by all their probes, not this volume's.
-            let probes: u64 = volumes
-                .list()
+            let probes: u64 = vols
                 .iter()
-                .filter(|o| o.commit_probe)
-                .filter(|o| {
-                    o.snapshot(snaps_now, &[])
-                        .fs
-                        .disk
-                        .is_some_and(|d| d.majmin == disk.majmin)
+                .filter(|(o, s)| {
+                    o.commit_probe && s.fs.disk.as_ref().is_some_and(|d| d.majmin == disk.majmin)
                 })
-                .map(|o| o.snapshot(snaps_now, &[]).count[Op::Commit.index()])
+                .map(|(_, s)| s.count[Op::Commit.index()])
                 .sum();
             if let Some(&(pw, pp)) = prev.own.get(&v.name)
                 && probes >= pp + 3

@@ -1,17 +1,24 @@
 //! The long-running exporter: probe threads, collectors, watchdog, HTTP, and
 //! an orderly shutdown that always removes the probe files.
 
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio::task::JoinHandle;
 
-use crate::collectors::postgres::ClusterState;
-use crate::config::Config;
+use crate::collectors::limits::LimitsState;
+use crate::collectors::postgres::{ClusterSet, ClusterState};
+use crate::config::{ClusterConfig, Config, FlagOverrides, VolumeConfig};
 use crate::http::tls::TlsListener;
 use crate::http::{AppState, router, with_basic_auth};
 use crate::metrics::Metrics;
+use crate::metrics::config::ConfigMetrics;
+use crate::probe::set::{Removed, VolumeSet};
 use crate::web_config::WebSecurity;
 
 #[derive(Debug, Clone)]
@@ -22,7 +29,19 @@ pub struct WebOptions {
     pub security: WebSecurity,
 }
 
-pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
+/// Where the configuration came from, to load it again on SIGHUP: the same
+/// file and the same flags.
+#[derive(Debug, Clone)]
+pub struct ReloadSource {
+    pub file: Option<PathBuf>,
+    pub flags: FlagOverrides,
+}
+
+pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::Result<()> {
+    // SIGHUP's default action ends the process: take it over before
+    // anything else, so a reload sent early cannot kill the exporter.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
     let roots = crate::probe::fsinfo::Roots {
         proc: cfg.limits.proc_root.clone(),
         sys: cfg.limits.sys_root.clone(),
@@ -47,35 +66,25 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
         "listening"
     );
 
-    for v in &cfg.volumes {
-        volumes.add(v.clone())?;
-    }
-
-    let clusters = metrics.clusters();
-    for c in &cfg.clusters {
-        let state = ClusterState::new(&c.collector.name, cfg.window);
-        clusters.add(state.clone());
-        tracing::info!(
-            cluster = %c.collector.name,
-            target = %c.target.display,
-            discover_volumes = c.collector.discover_volumes,
-            "watching PostgreSQL"
-        );
-        tokio::spawn(crate::collectors::postgres::run(
-            c.collector.clone(),
-            c.target.clone(),
-            state,
-            volumes.clone(),
-            cfg.volume_defaults.clone(),
-        ));
-    }
-
-    tokio::spawn(crate::collectors::limits::run(
-        cfg.limits.clone(),
-        volumes.clone(),
-        clusters.clone(),
-        metrics.limits(),
-    ));
+    let config_metrics = metrics.config();
+    config_metrics.loaded();
+    let shutdown_timeout = Arc::new(AtomicU64::new(millis(cfg.shutdown_timeout)));
+    let mut sup = Supervisor {
+        volumes: volumes.clone(),
+        clusters: metrics.clusters(),
+        limits_state: metrics.limits(),
+        cluster_tasks: HashMap::new(),
+        limits_task: None,
+        shutdown_timeout: shutdown_timeout.clone(),
+        cfg,
+    };
+    sup.start()?;
+    let reloader = tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!(signal = "SIGHUP", "reloading the configuration");
+            sup.reload(&source, &config_metrics).await;
+        }
+    });
 
     let watchdog = {
         let volumes = volumes.clone();
@@ -92,6 +101,7 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
         metrics,
         telemetry_path: web.telemetry_path.clone(),
         volumes: volumes.clone(),
+        renders: Default::default(),
     }));
     if let Some(auth) = &web.security.basic_auth {
         app = with_basic_auth(app, auth.clone());
@@ -112,8 +122,11 @@ pub async fn run(cfg: Config, web: WebOptions) -> anyhow::Result<()> {
     }
     .context("HTTP server failed");
     watchdog.abort();
+    // A reload in progress is cut short; the shutdown below stops whatever
+    // probe threads it had started.
+    reloader.abort();
 
-    let timeout = cfg.shutdown_timeout;
+    let timeout = Duration::from_millis(shutdown_timeout.load(Ordering::Relaxed));
     let set = volumes.clone();
     tokio::task::spawn_blocking(move || set.shutdown(timeout))
         .await
@@ -143,5 +156,291 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term => tracing::info!(signal = "SIGTERM", "shutting down"),
         _ = int => tracing::info!(signal = "SIGINT", "shutting down"),
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// Owns what the configuration started (probe threads through the
+/// [`VolumeSet`], one collector task per cluster, the limits task) and
+/// changes it on reload.
+struct Supervisor {
+    cfg: Config,
+    volumes: Arc<VolumeSet>,
+    clusters: Arc<ClusterSet>,
+    limits_state: Arc<LimitsState>,
+    cluster_tasks: HashMap<String, ClusterTask>,
+    limits_task: Option<JoinHandle<()>>,
+    shutdown_timeout: Arc<AtomicU64>,
+}
+
+struct ClusterTask {
+    state: Arc<ClusterState>,
+    handle: JoinHandle<()>,
+}
+
+/// What a reload changed, for its log line.
+#[derive(Debug, Default)]
+struct Changes {
+    added: Vec<String>,
+    removed: Vec<String>,
+    changed: Vec<String>,
+}
+
+impl Changes {
+    fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+/// Names in `old` and `new` sorted into added, removed and changed.
+fn diff<T>(
+    old: &[T],
+    new: &[T],
+    name: impl Fn(&T) -> &str,
+    same: impl Fn(&T, &T) -> bool,
+) -> Changes {
+    let mut c = Changes::default();
+    for o in old {
+        match new.iter().find(|n| name(n) == name(o)) {
+            None => c.removed.push(name(o).to_string()),
+            Some(n) if !same(o, n) => c.changed.push(name(o).to_string()),
+            Some(_) => {}
+        }
+    }
+    for n in new {
+        if !old.iter().any(|o| name(o) == name(n)) {
+            c.added.push(name(n).to_string());
+        }
+    }
+    c
+}
+
+/// Two cluster configurations connect and collect the same way. The DSN is
+/// compared as written: the target is derived from it (and from the
+/// environment, which a reload does not change).
+fn same_cluster(a: &ClusterConfig, b: &ClusterConfig) -> bool {
+    let (a, b) = (&a.collector, &b.collector);
+    a.name == b.name
+        && a.dsn == b.dsn
+        && a.password_file == b.password_file
+        && a.scrape_interval == b.scrape_interval
+        && a.wait_sampling_interval == b.wait_sampling_interval
+        && a.statement_timeout == b.statement_timeout
+        && a.discover_volumes == b.discover_volumes
+}
+
+impl Supervisor {
+    fn start(&mut self) -> anyhow::Result<()> {
+        for v in &self.cfg.volumes {
+            self.volumes.add(v.clone())?;
+        }
+        for c in self.cfg.clusters.clone() {
+            self.start_cluster(&c);
+        }
+        self.start_limits();
+        Ok(())
+    }
+
+    fn start_cluster(&mut self, c: &ClusterConfig) {
+        let state = ClusterState::new(&c.collector.name, self.cfg.window);
+        self.clusters.add(state.clone());
+        tracing::info!(
+            cluster = %c.collector.name,
+            target = %c.target.display,
+            discover_volumes = c.collector.discover_volumes,
+            "watching PostgreSQL"
+        );
+        let handle = tokio::spawn(crate::collectors::postgres::run(
+            c.collector.clone(),
+            c.target.clone(),
+            state.clone(),
+            self.volumes.clone(),
+            self.cfg.volume_defaults.clone(),
+        ));
+        self.cluster_tasks
+            .insert(c.collector.name.clone(), ClusterTask { state, handle });
+    }
+
+    fn start_limits(&mut self) {
+        if let Some(t) = self.limits_task.take() {
+            t.abort();
+        }
+        self.limits_task = Some(tokio::spawn(crate::collectors::limits::run(
+            self.cfg.limits.clone(),
+            self.volumes.clone(),
+            self.clusters.clone(),
+            self.limits_state.clone(),
+        )));
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout.load(Ordering::Relaxed))
+    }
+
+    /// Stops a cluster's collector (dropping its connection) and forgets
+    /// it. Returns the volumes its discovery added.
+    fn stop_cluster(&mut self, name: &str) -> Vec<String> {
+        let Some(task) = self.cluster_tasks.remove(name) else {
+            return Vec::new();
+        };
+        task.handle.abort();
+        self.clusters.remove(name);
+        task.state
+            .snapshot()
+            .volumes
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect()
+    }
+
+    /// Loads the configuration again and applies the difference. A
+    /// configuration that does not load or validate changes nothing.
+    async fn reload(&mut self, source: &ReloadSource, metrics: &ConfigMetrics) {
+        let loaded = {
+            let source = source.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::config::load(source.file.as_deref(), &source.flags)
+            })
+            .await
+        };
+        let new = match loaded {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                metrics.refused(e.cause());
+                tracing::error!(error = %e, "configuration reload refused; the running configuration is kept");
+                return;
+            }
+            Err(e) => {
+                metrics.refused("invalid");
+                tracing::error!(error = %e, "configuration reload failed; the running configuration is kept");
+                return;
+            }
+        };
+        if let Some(problem) = crate::config::engine_problem(&new) {
+            metrics.refused("invalid");
+            tracing::error!(error = %problem, "configuration reload refused; the running configuration is kept");
+            return;
+        }
+        let mut new = new;
+        if new.window != self.cfg.window {
+            // Every window, summary and mean is sized by it: changing it
+            // means starting over, which a restart says more honestly.
+            tracing::warn!(
+                window = ?self.cfg.window,
+                requested = ?new.window,
+                "window cannot change without a restart; keeping the running value"
+            );
+            new.window = self.cfg.window;
+        }
+        let vols = diff(
+            &self.cfg.volumes,
+            &new.volumes,
+            |v: &VolumeConfig| &v.name,
+            |a, b| a == b,
+        );
+        let defaults_changed = new.volume_defaults != self.cfg.volume_defaults;
+        let mut clus = diff(
+            &self.cfg.clusters,
+            &new.clusters,
+            |c: &ClusterConfig| &c.collector.name,
+            same_cluster,
+        );
+        if defaults_changed {
+            // Discovered volumes carry the defaults: rediscover them all.
+            for c in &new.clusters {
+                let n = &c.collector.name;
+                if self.cluster_tasks.contains_key(n) && !clus.changed.contains(n) {
+                    clus.changed.push(n.clone());
+                }
+            }
+        }
+        self.shutdown_timeout
+            .store(millis(new.shutdown_timeout), Ordering::Relaxed);
+
+        // Clusters first: their discovered volumes go with them.
+        let configured: HashSet<String> = self
+            .cfg
+            .volumes
+            .iter()
+            .chain(new.volumes.iter())
+            .map(|v| v.name.clone())
+            .collect();
+        let mut orphans = Vec::new();
+        for name in clus.removed.iter().chain(clus.changed.iter()) {
+            orphans.extend(self.stop_cluster(name));
+        }
+        let still_used: HashSet<String> = self
+            .cluster_tasks
+            .values()
+            .flat_map(|t| t.state.snapshot().volumes.into_iter().map(|(v, _)| v))
+            .collect();
+        orphans.retain(|v| !configured.contains(v) && !still_used.contains(v));
+        orphans.sort();
+        orphans.dedup();
+        let mut to_remove: Vec<String> = orphans.clone();
+        to_remove.extend(vols.removed.iter().cloned());
+        to_remove.extend(vols.changed.iter().cloned());
+        let timeout = self.timeout();
+        for name in to_remove {
+            let set = self.volumes.clone();
+            let n = name.clone();
+            match tokio::task::spawn_blocking(move || set.remove(&n, timeout)).await {
+                Ok(Removed::Clean | Removed::Abandoned) => {
+                    tracing::info!(volume = %name, "volume stopped by the reload")
+                }
+                Ok(Removed::Unknown) => {}
+                Err(e) => tracing::error!(volume = %name, error = %e, "stopping the volume failed"),
+            }
+        }
+        let old = std::mem::replace(&mut self.cfg, new);
+        for v in self.cfg.volumes.clone() {
+            if vols.added.contains(&v.name) || vols.changed.contains(&v.name) {
+                let set = self.volumes.clone();
+                let name = v.name.clone();
+                match tokio::task::spawn_blocking(move || set.add(v)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")
+                    }
+                    Err(e) => {
+                        tracing::error!(volume = %name, error = %e, "cannot start the volume")
+                    }
+                }
+            }
+        }
+        for c in self.cfg.clusters.clone() {
+            let n = &c.collector.name;
+            if clus.added.contains(n) || clus.changed.contains(n) {
+                self.start_cluster(&c);
+            }
+        }
+        let limits_changed = old.limits != self.cfg.limits;
+        if limits_changed {
+            self.start_limits();
+        }
+        metrics.reloaded();
+        if vols.is_empty()
+            && clus.is_empty()
+            && !limits_changed
+            && old.shutdown_timeout == self.cfg.shutdown_timeout
+        {
+            tracing::info!("configuration reloaded: nothing changed");
+        } else {
+            tracing::info!(
+                volumes_added = ?vols.added,
+                volumes_removed = ?vols.removed,
+                volumes_changed = ?vols.changed,
+                discovered_volumes_removed = ?orphans,
+                clusters_added = ?clus.added,
+                clusters_removed = ?clus.removed,
+                clusters_changed = ?clus.changed,
+                limits_changed,
+                shutdown_timeout = ?self.cfg.shutdown_timeout,
+                "configuration reloaded"
+            );
+        }
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
@@ -26,6 +27,55 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub telemetry_path: String,
     pub volumes: Arc<VolumeSet>,
+    pub renders: Renders,
+}
+
+/// Concurrent scrapes share renders: a scrape is answered with a render
+/// that began after it arrived (so it is never older than the request),
+/// and while one render runs, the scrapes arriving meanwhile wait for the
+/// next one instead of starting their own. However many scrapers there
+/// are, at most one render per format runs at a time, so a scrape storm
+/// costs the host one core at most and the probe threads keep theirs.
+#[derive(Debug, Default)]
+pub struct Renders {
+    slots: [tokio::sync::Mutex<Option<Rendered>>; 2],
+}
+
+#[derive(Debug)]
+struct Rendered {
+    started: Instant,
+    body: Bytes,
+}
+
+impl Renders {
+    pub async fn get(&self, metrics: &Arc<Metrics>, format: Format) -> Result<Bytes, String> {
+        let arrived = Instant::now();
+        let idx = match format {
+            Format::Prometheus => 0,
+            Format::OpenMetrics => 1,
+        };
+        // tokio's Mutex is fair (FIFO): nobody waits behind later arrivals.
+        let mut slot = self.slots[idx].lock().await;
+        if let Some(r) = slot.as_ref()
+            && r.started >= arrived
+        {
+            return Ok(r.body.clone());
+        }
+        let started = Instant::now();
+        let m = metrics.clone();
+        // Encoding sorts every window: off the async workers, so accepting
+        // connections and the PostgreSQL collectors never wait for it.
+        let body = tokio::task::spawn_blocking(move || m.encode(format))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
+        let body = Bytes::from(body);
+        *slot = Some(Rendered {
+            started,
+            body: body.clone(),
+        });
+        Ok(body)
+    }
 }
 
 pub fn router(state: Arc<AppState>) -> Router {
@@ -45,7 +95,7 @@ pub fn with_basic_auth(router: Router, auth: Arc<auth::BasicAuth>) -> Router {
 
 async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));
-    match s.metrics.encode(format) {
+    match s.renders.get(&s.metrics, format).await {
         Ok(body) => ([(header::CONTENT_TYPE, format.content_type())], body).into_response(),
         Err(e) => {
             tracing::error!(error = %e, "encoding metrics failed");

@@ -94,26 +94,9 @@ fn run_daemon(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // A volume that insists on io_uring on a host that forbids it is a
-    // configuration problem: say so before binding anything.
-    let discovered = (!cfg.clusters.is_empty()).then(|| {
-        (
-            "volumes discovered from PostgreSQL".to_string(),
-            cfg.volume_defaults.engine,
-        )
-    });
-    let engines = cfg
-        .volumes
-        .iter()
-        .map(|v| (format!("volume {:?}", v.name), v.engine))
-        .chain(discovered);
-    for (what, engine) in engines {
-        if let Err(e) = pg_storage_exporter::probe::engine::require(engine) {
-            eprintln!(
-                "pg-storage-exporter: invalid configuration: {what} sets engine = \"io_uring\": {e}"
-            );
-            return ExitCode::from(2);
-        }
+    if let Some(problem) = config::engine_problem(&cfg) {
+        eprintln!("pg-storage-exporter: invalid configuration: {problem}");
+        return ExitCode::from(2);
     }
     let listen = match parse_listen(&cli.listen_address) {
         Ok(a) => a,
@@ -161,7 +144,11 @@ fn run_daemon(cli: Cli) -> ExitCode {
         telemetry_path: cli.telemetry_path.clone(),
         security,
     };
-    let result = runtime.block_on(daemon::run(cfg, web));
+    let source = daemon::ReloadSource {
+        file: cli.config_file.clone(),
+        flags,
+    };
+    let result = runtime.block_on(daemon::run(cfg, web, source));
     // Abandoned probe threads must not keep the process alive.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     match result {

@@ -59,7 +59,7 @@ pub struct Config {
 }
 
 /// Where and how often IO limits are read.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LimitsConfig {
     pub interval: Duration,
     pub cgroup_root: PathBuf,
@@ -81,7 +81,7 @@ pub struct ClusterConfig {
 }
 
 /// The `[defaults]` settings, kept for volumes discovered at run time.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VolumeDefaults {
     pub interval: Duration,
     pub timeout: Duration,
@@ -195,6 +195,38 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+}
+
+impl ConfigError {
+    /// The `cause` label of `pgstorage_config_reload_errors_total`.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ConfigError::Read { .. } => "unreadable",
+            ConfigError::Syntax { .. } => "syntax",
+            ConfigError::Invalid { .. } => "invalid",
+        }
+    }
+}
+
+/// A volume that insists on io_uring on a host that forbids it is a
+/// configuration problem, found before anything is started: the message
+/// names the volume (or the discovered volumes' defaults).
+pub fn engine_problem(cfg: &Config) -> Option<String> {
+    let discovered = (!cfg.clusters.is_empty()).then(|| {
+        (
+            "volumes discovered from PostgreSQL".to_string(),
+            cfg.volume_defaults.engine,
+        )
+    });
+    cfg.volumes
+        .iter()
+        .map(|v| (format!("volume {:?}", v.name), v.engine))
+        .chain(discovered)
+        .find_map(|(what, engine)| {
+            crate::probe::engine::require(engine)
+                .err()
+                .map(|e| format!("{what} sets engine = \"io_uring\": {e}"))
+        })
 }
 
 /// Settings given on the command line that shape volumes.

@@ -3,6 +3,7 @@
 //! already in memory. Nothing here does IO or waits on a disk.
 
 pub mod buckets;
+pub mod config;
 pub mod derived;
 pub mod limits;
 pub mod postgres;
@@ -52,6 +53,7 @@ pub struct Metrics {
     volumes: Arc<VolumeSet>,
     clusters: Arc<ClusterSet>,
     limits: Arc<LimitsState>,
+    config: config::ConfigMetrics,
 }
 
 impl Metrics {
@@ -62,6 +64,7 @@ impl Metrics {
     ) -> (Metrics, Arc<VolumeSet>) {
         let mut registry = Registry::default();
         let probe = probe::ProbeMetrics::register(&mut registry);
+        let config = config::ConfigMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
         let volumes = VolumeSet::new(window, probe, roots);
         (
@@ -70,6 +73,7 @@ impl Metrics {
                 volumes: volumes.clone(),
                 clusters: Arc::new(ClusterSet::default()),
                 limits: Arc::new(LimitsState::default()),
+                config,
             },
             volumes,
         )
@@ -83,6 +87,10 @@ impl Metrics {
         self.limits.clone()
     }
 
+    pub fn config(&self) -> config::ConfigMetrics {
+        self.config.clone()
+    }
+
     /// Encodes the current state. One snapshot per volume is taken, so all
     /// derived series of a scrape agree with each other.
     pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
@@ -93,7 +101,11 @@ impl Metrics {
             .map(|v| (v.as_ref(), v.snapshot(now, &crate::model::WINDOW_QUANTILES)))
             .collect();
         let clusters = self.clusters.snapshots();
-        let limits = self.limits.snapshot();
+        let mut limits = self.limits.snapshot();
+        limits.retain_current(
+            &volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+            &clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        );
         let mut out = String::with_capacity(64 * 1024);
         match format {
             Format::OpenMetrics => {

@@ -8,6 +8,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
 use super::buckets::probe_buckets;
 use crate::probe::state::VolumeState;
 use crate::types::Op;
@@ -41,6 +44,9 @@ pub struct ProbeMetrics {
     seconds: Family<OpLabels, Histogram, fn() -> Histogram>,
     errors: Family<ErrorLabels, Counter>,
     cache_served: Family<VolumeLabels, Counter>,
+    /// Error series ever created, so a removed volume's can be found:
+    /// a Family cannot be listed.
+    error_keys: Arc<Mutex<HashSet<ErrorLabels>>>,
 }
 
 impl ProbeMetrics {
@@ -49,6 +55,7 @@ impl ProbeMetrics {
             seconds: Family::new_with_constructor(new_histogram as fn() -> Histogram),
             errors: Family::default(),
             cache_served: Family::default(),
+            error_keys: Arc::default(),
         };
         registry.register(
             "pgstorage_probe_seconds",
@@ -84,13 +91,13 @@ impl ProbeMetrics {
             (false, false) => &[],
         };
         for op in ops {
-            self.errors
-                .get_or_create(&ErrorLabels {
-                    volume: v.name.clone(),
-                    op: op.as_str(),
-                    error: "timeout",
-                })
-                .get();
+            let key = ErrorLabels {
+                volume: v.name.clone(),
+                op: op.as_str(),
+                error: "timeout",
+            };
+            self.errors.get_or_create(&key).get();
+            self.remember(key);
         }
         if v.read_probe {
             self.cache_served
@@ -111,13 +118,43 @@ impl ProbeMetrics {
     }
 
     pub fn error(&self, volume: &str, op: &'static str, error: &'static str) {
-        self.errors
-            .get_or_create(&ErrorLabels {
+        let key = ErrorLabels {
+            volume: volume.to_string(),
+            op,
+            error,
+        };
+        self.errors.get_or_create(&key).inc();
+        self.remember(key);
+    }
+
+    fn remember(&self, key: ErrorLabels) {
+        if let Ok(mut k) = self.error_keys.lock() {
+            k.insert(key);
+        }
+    }
+
+    /// Drops every series of a volume that a reload removed, so it goes
+    /// stale in Prometheus instead of freezing at its last value.
+    pub fn remove_volume(&self, volume: &str) {
+        for op in Op::ALL {
+            self.seconds.remove(&OpLabels {
                 volume: volume.to_string(),
-                op,
-                error,
-            })
-            .inc();
+                op: op.as_str(),
+            });
+        }
+        if let Ok(mut keys) = self.error_keys.lock() {
+            keys.retain(|k| {
+                if k.volume == volume {
+                    self.errors.remove(k);
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.cache_served.remove(&VolumeLabels {
+            volume: volume.to_string(),
+        });
     }
 
     pub fn cache_served(&self, volume: &str) {

@@ -2,10 +2,11 @@
 //! and from PostgreSQL volume discovery later, so the set grows at run time;
 //! readers (metrics, landing page, watchdog) take a cheap copy of the list.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -24,13 +25,30 @@ pub struct VolumeSet {
     metrics: ProbeMetrics,
     stop: Arc<Stop>,
     done_tx: Mutex<Option<Sender<String>>>,
-    done_rx: Mutex<Option<Receiver<String>>>,
-    running: Mutex<HashSet<String>>,
+    /// Per volume: its own stop signal (a reload removes one volume) and
+    /// its thread, to wait for it.
+    threads: Mutex<HashMap<String, ProbeThread>>,
+}
+
+/// A running probe thread: its own stop signal and its handle.
+type ProbeThread = (Arc<Stop>, JoinHandle<()>);
+
+/// How [`VolumeSet::remove`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removed {
+    /// The thread stopped and the probe files are gone.
+    Clean,
+    /// The thread is stuck in IO and was abandoned; its files are gone.
+    Abandoned,
+    /// No such volume.
+    Unknown,
 }
 
 impl VolumeSet {
     pub fn new(window: Duration, metrics: ProbeMetrics, roots: Roots) -> Arc<VolumeSet> {
-        let (tx, rx) = mpsc::channel();
+        // The runner reports its end on a channel; waiting uses the join
+        // handles instead, so nobody reads it.
+        let (tx, _) = mpsc::channel();
         Arc::new(VolumeSet {
             volumes: RwLock::new(Vec::new()),
             window,
@@ -38,8 +56,7 @@ impl VolumeSet {
             metrics,
             stop: Stop::new(),
             done_tx: Mutex::new(Some(tx)),
-            done_rx: Mutex::new(Some(rx)),
-            running: Mutex::new(HashSet::new()),
+            threads: Mutex::new(HashMap::new()),
         })
     }
 
@@ -93,19 +110,44 @@ impl VolumeSet {
         if let Ok(mut v) = self.volumes.write() {
             v.push(state.clone());
         }
-        if let Ok(mut r) = self.running.lock() {
-            r.insert(cfg.name.clone());
-        }
         let name = cfg.name.clone();
-        runner::spawn(
-            cfg,
-            state.clone(),
-            self.metrics.clone(),
-            self.stop.clone(),
-            tx,
-        )
-        .with_context(|| format!("starting the probe thread of volume {name:?}"))?;
+        let stop = Stop::new();
+        let handle = runner::spawn(cfg, state.clone(), self.metrics.clone(), stop.clone(), tx)
+            .with_context(|| format!("starting the probe thread of volume {name:?}"))?;
+        if let Ok(mut t) = self.threads.lock() {
+            t.insert(name, (stop.clone(), handle));
+        }
+        // A shutdown that began while this thread was starting has already
+        // signalled the others; this one must hear it too.
+        if self.stop.is_stopped() {
+            stop.stop();
+        }
         Ok(state)
+    }
+
+    /// Stops one volume's probe thread, waits at most `timeout` for it,
+    /// removes its probe files and its series. Used by a configuration
+    /// reload; the same rules as [`VolumeSet::shutdown`] apply to a thread
+    /// stuck in IO.
+    pub fn remove(&self, name: &str, timeout: Duration) -> Removed {
+        let entry = self.threads.lock().ok().and_then(|mut t| t.remove(name));
+        let Some(state) = self.list().into_iter().find(|v| v.name == name) else {
+            return Removed::Unknown;
+        };
+        let mut outcome = Removed::Clean;
+        if let Some((stop, handle)) = entry {
+            stop.stop();
+            if !join_until(handle, Instant::now() + timeout) {
+                outcome = Removed::Abandoned;
+                abandon(&state);
+            }
+        }
+        remove_files(&state);
+        if let Ok(mut v) = self.volumes.write() {
+            v.retain(|v| v.name != name);
+        }
+        self.metrics.remove_volume(name);
+        outcome
     }
 
     /// Counts probes stuck past their timeout (the watchdog's tick).
@@ -122,49 +164,67 @@ impl VolumeSet {
         if let Ok(mut t) = self.done_tx.lock() {
             t.take();
         }
-        let mut running = self.running.lock().map(|r| r.clone()).unwrap_or_default();
-        let rx = self.done_rx.lock().ok().and_then(|mut r| r.take());
-        let deadline = Instant::now() + timeout;
-        if let Some(rx) = rx {
-            while !running.is_empty() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match rx.recv_timeout(left) {
-                    Ok(name) => {
-                        running.remove(&name);
-                    }
-                    Err(_) => break,
-                }
-            }
+        let threads: Vec<(String, ProbeThread)> = self
+            .threads
+            .lock()
+            .map(|mut t| t.drain().collect())
+            .unwrap_or_default();
+        for (_, (stop, _)) in &threads {
+            stop.stop();
         }
+        let deadline = Instant::now() + timeout;
         let volumes = self.list();
-        let now = Instant::now();
-        for name in &running {
-            let stuck = volumes
-                .iter()
-                .find(|v| &v.name == name)
-                .and_then(|v| v.in_flight(now));
-            match stuck {
-                Some((op, age)) => tracing::warn!(
-                    volume = %name,
-                    op = %op,
-                    in_flight = ?age,
-                    "abandoning probe thread stuck in IO; its probe files are removed anyway"
-                ),
-                None => {
-                    tracing::warn!(volume = %name, "abandoning probe thread that did not stop in time")
-                }
+        for (name, (_, handle)) in threads {
+            if !join_until(handle, deadline)
+                && let Some(v) = volumes.iter().find(|v| v.name == name)
+            {
+                abandon(v);
             }
         }
         for v in &volumes {
-            if let Some(dir) = v.probe_dir() {
-                let problems = dir.remove_all();
-                if problems.is_empty() {
-                    tracing::info!(volume = %v.name, probe_dir = %dir.path().display(), "removed probe files");
-                }
-                for p in problems {
-                    tracing::error!(volume = %v.name, problem = %p, "could not remove probe file");
-                }
-            }
+            remove_files(v);
+        }
+    }
+}
+
+/// Waits for a probe thread until `deadline`; false if it is still running
+/// (stuck in the kernel: nothing can interrupt it).
+fn join_until(handle: JoinHandle<()>, deadline: Instant) -> bool {
+    // JoinHandle has no timed join; the wait is short and rare (shutdown,
+    // reload), so polling costs nothing that matters.
+    while !handle.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if handle.is_finished() {
+        let _ = handle.join();
+        true
+    } else {
+        false
+    }
+}
+
+fn abandon(v: &VolumeState) {
+    match v.in_flight(Instant::now()) {
+        Some((op, age)) => tracing::warn!(
+            volume = %v.name,
+            op = %op,
+            in_flight = ?age,
+            "abandoning probe thread stuck in IO; its probe files are removed anyway"
+        ),
+        None => {
+            tracing::warn!(volume = %v.name, "abandoning probe thread that did not stop in time")
+        }
+    }
+}
+
+fn remove_files(v: &VolumeState) {
+    if let Some(dir) = v.probe_dir() {
+        let problems = dir.remove_all();
+        if problems.is_empty() {
+            tracing::info!(volume = %v.name, probe_dir = %dir.path().display(), "removed probe files");
+        }
+        for p in problems {
+            tracing::error!(volume = %v.name, problem = %p, "could not remove probe file");
         }
     }
 }

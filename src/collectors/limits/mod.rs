@@ -66,6 +66,23 @@ pub struct LimitsSnapshot {
 }
 
 impl LimitsSnapshot {
+    /// Drops what belongs to volumes or clusters no longer watched (a
+    /// reload removed them since the last limits pass), so their series
+    /// vanish at once instead of at the next pass.
+    pub fn retain_current(&mut self, volumes: &[&str], clusters: &[&str]) {
+        self.rows.retain(|r| volumes.contains(&r.volume.as_str()));
+        self.cgroups
+            .retain(|r| volumes.contains(&r.volume.as_str()));
+        self.writes_per_probe
+            .retain(|v, _| volumes.contains(&v.as_str()));
+        self.no_disk.retain(|v, _| volumes.contains(&v.as_str()));
+        self.pressure
+            .retain(|(scope, ..)| match scope.strip_prefix("postgres:") {
+                Some(c) => clusters.contains(&c),
+                None => true,
+            });
+    }
+
     /// The write-IOPS cgroup limit of a volume, if any.
     pub fn write_iops_limit(&self, volume: &str) -> Option<f64> {
         self.rows

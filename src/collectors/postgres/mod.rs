@@ -198,6 +198,13 @@ impl ClusterSet {
             .map(|v| v.iter().map(|c| c.snapshot()).collect())
             .unwrap_or_default()
     }
+
+    /// Forgets a cluster a reload removed, so its series go stale.
+    pub fn remove(&self, name: &str) {
+        if let Ok(mut v) = self.clusters.write() {
+            v.retain(|c| c.name != name);
+        }
+    }
 }
 
 const BACKOFF_START: Duration = Duration::from_secs(1);

@@ -1,0 +1,262 @@
+//! SIGHUP reload, end to end on the real binary: a valid configuration is
+//! applied (volumes and clusters added, changed, removed, their files and
+//! series gone), an invalid one is refused with the running configuration
+//! kept, and both are logged and counted.
+
+// Test code: a panic is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "common/pg.rs"]
+mod pg;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use pg::{PgKind, PgServer};
+
+const WAIT: Duration = Duration::from_secs(30);
+const MON_PASSWORD: &str = "Mon-Pa55word-4-reload";
+
+fn volume(name: &str, path: &Path, interval: &str) -> String {
+    format!(
+        "[[volume]]\nname = \"{name}\"\npath = \"{}\"\ninterval = \"{interval}\"\n\
+         read_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n",
+        path.display()
+    )
+}
+
+fn reload_counter(m: &str, result: &str) -> f64 {
+    sample(
+        m,
+        &format!("pgstorage_config_reloads_total{{result=\"{result}\"}}"),
+    )
+    .unwrap_or(-1.0)
+}
+
+fn reload_errors(m: &str, cause: &str) -> f64 {
+    sample(
+        m,
+        &format!("pgstorage_config_reload_errors_total{{cause=\"{cause}\"}}"),
+    )
+    .unwrap_or(-1.0)
+}
+
+fn last_ok(m: &str) -> f64 {
+    sample(m, "pgstorage_config_last_reload_successful").unwrap_or(-1.0)
+}
+
+fn occurrences(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+#[test]
+fn sighup_applies_a_valid_configuration_and_keeps_the_old_one_on_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, volume("a", &a, "100ms")).unwrap();
+    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let m = ex.wait_for("volume a probing", WAIT, |m| count(m, "a", "commit") >= 2.0);
+    assert_eq!(last_ok(&m), 1.0);
+    assert_eq!(reload_counter(&m, "success"), 0.0);
+    assert!(sample(&m, "pgstorage_config_last_reload_success_timestamp_seconds").unwrap() > 1.7e9);
+
+    // 1. A valid change: add volume b.
+    std::fs::write(&cfg, volume("a", &a, "100ms") + &volume("b", &b, "100ms")).unwrap();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("volume b added by the reload", WAIT, |m| {
+        count(m, "b", "commit") >= 2.0
+    });
+    assert_eq!(reload_counter(&m, "success"), 1.0);
+    assert_eq!(last_ok(&m), 1.0);
+    let log = ex.wait_log("configuration reloaded", WAIT);
+    assert!(log.contains("volumes_added=\"[\\\"b\\\"]\""), "{log}");
+
+    // 2. An unknown key: refused, named with its line; a and b keep probing.
+    std::fs::write(
+        &cfg,
+        volume("a", &a, "100ms") + "intervall = \"1s\"\n" + &volume("b", &b, "100ms"),
+    )
+    .unwrap();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("the syntax error counted", WAIT, |m| {
+        reload_errors(m, "syntax") == 1.0
+    });
+    assert_eq!(last_ok(&m), 0.0);
+    assert_eq!(reload_counter(&m, "failure"), 1.0);
+    let log = ex.wait_log("configuration reload refused", WAIT);
+    assert!(
+        log.contains("c.toml:7:1: volume[0].intervall: unknown field `intervall`"),
+        "{log}"
+    );
+    let (ca, cb) = (count(&m, "a", "commit"), count(&m, "b", "commit"));
+    let m = ex.wait_for("both volumes still probing", WAIT, |m| {
+        count(m, "a", "commit") > ca + 2.0 && count(m, "b", "commit") > cb + 2.0
+    });
+    assert_eq!(last_ok(&m), 0.0);
+
+    // 3. A bad value (a volume path that does not exist): refused as invalid.
+    std::fs::write(
+        &cfg,
+        volume("a", &a, "100ms") + &volume("b", &dir.path().join("missing"), "100ms"),
+    )
+    .unwrap();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("the invalid value counted", WAIT, |m| {
+        reload_errors(m, "invalid") == 1.0
+    });
+    assert_eq!(reload_counter(&m, "failure"), 2.0);
+    assert!(
+        samples_with(&m, "pgstorage_volume_info", &["volume=\"b\""]).len() == 1,
+        "b must still run: {m}"
+    );
+
+    // 4. Remove a, change b's interval: a's files and series go, b restarts.
+    std::fs::write(&cfg, volume("b", &b, "200ms")).unwrap();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("a removed, the reload applied", WAIT, |m| {
+        reload_counter(m, "success") == 2.0
+            && samples_with(m, "pgstorage_volume_info", &["volume=\"a\""]).is_empty()
+    });
+    assert_eq!(last_ok(&m), 1.0);
+    assert!(
+        !m.contains("volume=\"a\""),
+        "every series of a must be gone: {}",
+        m.lines()
+            .filter(|l| l.contains("volume=\"a\""))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(
+        !a.join("pg-storage-exporter-probe").exists(),
+        "a's probe files are left: {:?}",
+        dir_entries(&a.join("pg-storage-exporter-probe"))
+    );
+    ex.wait_for("b probing again", WAIT, |m| count(m, "b", "commit") >= 2.0);
+    let log = ex.wait_log("volumes_changed=\"[\\\"b\\\"]\"", WAIT);
+    assert!(log.contains("volumes_removed=\"[\\\"a\\\"]\""), "{log}");
+    assert!(log.contains("interval=200ms"), "{log}");
+
+    // 5. Nothing changed: said so.
+    ex.signal(libc::SIGHUP);
+    ex.wait_log("configuration reloaded: nothing changed", WAIT);
+
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+    assert!(!b.join("pg-storage-exporter-probe").exists());
+    let log = ex.log();
+    assert_eq!(
+        occurrences(&log, "configuration reload refused"),
+        2,
+        "{log}"
+    );
+    assert!(!log.contains("level=warn"), "{log}");
+}
+
+/// A cluster added by a reload is watched and its filesystem discovered; a
+/// reload that drops it closes the connection and removes the volume its
+/// discovery added, files and series. The PostgreSQL server is untouched.
+#[test]
+fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume() {
+    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    // The configured volume is on tmpfs, a different filesystem from the
+    // cluster's, so discovery has a filesystem of its own to add.
+    let shm = tempfile::Builder::new()
+        .prefix("pgse-reload-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    let base = format!(
+        "window = \"1m\"\n[[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"commit\"]\n\
+         interval = \"100ms\"\nfree_space_reserve = \"0\"\n",
+        shm.path().display()
+    );
+    std::fs::write(&cfg, &base).unwrap();
+    let mut ex = Exporter::start(&[
+        "--config.file",
+        cfg.to_str().unwrap(),
+        "--probe.read-file-size",
+        "4MiB",
+        "--probe.free-space-reserve",
+        "0",
+    ]);
+    let m = ex.wait_for("volume t probing", WAIT, |m| count(m, "t", "commit") >= 2.0);
+    assert!(sample(&m, "pgstorage_pg_up{cluster=\"c\"}").is_none());
+
+    let with_cluster = format!(
+        "{base}[[cluster]]\nname = \"c\"\ndsn = \"{}\"\nscrape_interval = \"500ms\"\n",
+        pg.dsn("mon", MON_PASSWORD)
+    );
+    std::fs::write(&cfg, &with_cluster).unwrap();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("cluster c up and its data volume probed", WAIT, |m| {
+        sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
+            && count(m, "c/data", "read") >= 2.0
+    });
+    let probe_dir = pg
+        .data_dir()
+        .parent()
+        .unwrap()
+        .join("pg-storage-exporter-probe-c");
+    assert!(probe_dir.exists(), "{m}");
+    let connections = || {
+        pg.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg-storage-exporter'",
+        )
+    };
+    assert_eq!(connections(), "1");
+    let log = ex.wait_log("configuration reloaded", WAIT);
+    assert!(log.contains("clusters_added=\"[\\\"c\\\"]\""), "{log}");
+
+    std::fs::write(&cfg, &base).unwrap();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("cluster c and its volume gone", WAIT, |m| {
+        reload_counter(m, "success") == 2.0
+    });
+    for gone in ["cluster=\"c\"", "volume=\"c/data\""] {
+        assert!(
+            !m.contains(gone),
+            "{gone} is still exported: {}",
+            m.lines()
+                .filter(|l| l.contains(gone))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert!(
+        !probe_dir.exists(),
+        "discovered volume's probe files are left: {:?}",
+        dir_entries(&probe_dir)
+    );
+    let log = ex.log();
+    assert!(
+        log.contains("discovered_volumes_removed=\"[\\\"c/data\\\"]\""),
+        "{log}"
+    );
+    // The connection is closed by the reload, not at exit.
+    let mut closed = false;
+    for _ in 0..50 {
+        if connections() == "0" {
+            closed = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(closed, "the exporter still holds a connection");
+    let (_, t_count) = (0, count(&m, "t", "commit"));
+    ex.wait_for("t still probing", WAIT, |m| {
+        count(m, "t", "commit") > t_count
+    });
+
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+    assert!(!shm.path().join("pg-storage-exporter-probe").exists());
+}

@@ -159,6 +159,28 @@ async fn shutdown_signal() {
     }
 }
 
+/// Nice value of the async runtime's threads (HTTP, collectors, scrape
+/// encoding): below the probe threads, which stay at the process's own.
+pub const RUNTIME_NICENESS: i32 = 10;
+
+/// Lowers the calling thread's CPU priority to [`RUNTIME_NICENESS`]. A probe
+/// measures latency: the time from the IO's completion to the probe
+/// thread running again is part of what it reports, so under a scrape
+/// storm on a small host the probe threads must win the CPU over scrape
+/// encoding. On Linux the nice value is per thread (setpriority(2), BUGS),
+/// so this leaves the probe threads alone. Raising it needs no privilege,
+/// so it cannot fail for lack of one.
+pub fn lower_thread_priority() {
+    // SAFETY: gettid and setpriority take plain integers and touch no memory.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, RUNTIME_NICENESS)
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the runtime thread's priority");
+    }
+}
+
 fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
 }

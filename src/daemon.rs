@@ -240,18 +240,21 @@ fn diff<T>(
     c
 }
 
-/// Two cluster configurations connect and collect the same way. The DSN is
-/// compared as written: the target is derived from it (and from the
-/// environment, which a reload does not change).
+/// Two cluster configurations connect and collect the same way. The
+/// resolved targets are compared, not only the DSNs as written: a password
+/// read from a password file or a passfile that changed must reconnect.
 fn same_cluster(a: &ClusterConfig, b: &ClusterConfig) -> bool {
-    let (a, b) = (&a.collector, &b.collector);
-    a.name == b.name
-        && a.dsn == b.dsn
-        && a.password_file == b.password_file
-        && a.scrape_interval == b.scrape_interval
-        && a.wait_sampling_interval == b.wait_sampling_interval
-        && a.statement_timeout == b.statement_timeout
-        && a.discover_volumes == b.discover_volumes
+    let (ca, cb) = (&a.collector, &b.collector);
+    ca.name == cb.name
+        && ca.dsn == cb.dsn
+        && ca.password_file == cb.password_file
+        && ca.scrape_interval == cb.scrape_interval
+        && ca.wait_sampling_interval == cb.wait_sampling_interval
+        && ca.statement_timeout == cb.statement_timeout
+        && ca.discover_volumes == cb.discover_volumes
+        && a.target.config == b.target.config
+        && a.target.ssl_mode == b.target.ssl_mode
+        && a.target.ssl_root_cert == b.target.ssl_root_cert
 }
 
 impl Supervisor {

@@ -9,11 +9,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::collectors::limits::LimitsState;
 use crate::collectors::postgres::{ClusterSet, ClusterState};
 use crate::config::{ClusterConfig, Config, FlagOverrides, VolumeConfig};
+use crate::http::auth::AuthSlot;
 use crate::http::tls::TlsListener;
 use crate::http::{AppState, router, with_basic_auth};
 use crate::metrics::Metrics;
@@ -27,6 +29,16 @@ pub struct WebOptions {
     pub telemetry_path: String,
     /// From `--web.config.file`; the default is plain HTTP without auth.
     pub security: WebSecurity,
+    /// `--web.config.file`, read again on SIGHUP.
+    pub config_file: Option<PathBuf>,
+}
+
+/// What a reload of `--web.config.file` swaps: the TLS settings new
+/// handshakes use and the users basic auth checks.
+struct WebHandles {
+    file: Option<PathBuf>,
+    tls: Option<watch::Sender<Arc<rustls::ServerConfig>>>,
+    auth: AuthSlot,
 }
 
 /// Where the configuration came from, to load it again on SIGHUP: the same
@@ -79,10 +91,23 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         cfg,
     };
     sup.start()?;
+    let auth: AuthSlot = Arc::new(std::sync::RwLock::new(web.security.basic_auth.clone()));
+    let (tls_tx, tls_rx) = match &web.security.tls {
+        Some(c) => {
+            let (tx, rx) = watch::channel(c.clone());
+            (Some(tx), Some(rx))
+        }
+        None => (None, None),
+    };
+    let handles = WebHandles {
+        file: web.config_file.clone(),
+        tls: tls_tx,
+        auth: auth.clone(),
+    };
     let reloader = tokio::spawn(async move {
         while hup.recv().await.is_some() {
             tracing::info!(signal = "SIGHUP", "reloading the configuration");
-            sup.reload(&source, &config_metrics).await;
+            sup.reload(&source, &handles, &config_metrics).await;
         }
     });
 
@@ -103,14 +128,16 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         volumes: volumes.clone(),
         renders: Default::default(),
     }));
-    if let Some(auth) = &web.security.basic_auth {
-        app = with_basic_auth(app, auth.clone());
+    // With a web configuration file the check is always in place, so a
+    // reload can add users to a file that had none.
+    if web.config_file.is_some() {
+        app = with_basic_auth(app, auth);
     }
-    let served = match &web.security.tls {
+    let served = match tls_rx {
         // With TLS configured the port speaks only TLS: no plain-HTTP
         // fallback that a misconfigured scraper could silently use.
         Some(tls) => {
-            axum::serve(TlsListener::new(listener, local, tls.clone()), app)
+            axum::serve(TlsListener::new(listener, local, tls), app)
                 .with_graceful_shutdown(shutdown_signal())
                 .await
         }
@@ -257,6 +284,34 @@ fn same_cluster(a: &ClusterConfig, b: &ClusterConfig) -> bool {
         && a.target.ssl_root_cert == b.target.ssl_root_cert
 }
 
+/// Loads `--web.config.file` again, if there is one. Refused, with the
+/// `pgstorage_config_reload_errors_total` cause: a file that does not load,
+/// and one that turns TLS on or off (the listener speaks TLS or plain HTTP
+/// from the start to the end of the process; switching needs a restart).
+async fn load_web(web: &WebHandles) -> Result<Option<WebSecurity>, (&'static str, String)> {
+    let Some(file) = web.file.clone() else {
+        return Ok(None);
+    };
+    let loaded = tokio::task::spawn_blocking(move || crate::web_config::load(&file)).await;
+    let sec = match loaded {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            let unreadable = e.chain().any(|c| c.is::<std::io::Error>());
+            let cause = if unreadable { "unreadable" } else { "invalid" };
+            return Err((cause, format!("{e:#}")));
+        }
+        Err(e) => return Err(("invalid", e.to_string())),
+    };
+    if sec.tls.is_some() != web.tls.is_some() {
+        let what = if web.tls.is_some() { "off" } else { "on" };
+        return Err((
+            "invalid",
+            format!("the web configuration turns TLS {what}: that needs a restart"),
+        ));
+    }
+    Ok(Some(sec))
+}
+
 impl Supervisor {
     fn start(&mut self) -> anyhow::Result<()> {
         for v in &self.cfg.volumes {
@@ -323,7 +378,7 @@ impl Supervisor {
 
     /// Loads the configuration again and applies the difference. A
     /// configuration that does not load or validate changes nothing.
-    async fn reload(&mut self, source: &ReloadSource, metrics: &ConfigMetrics) {
+    async fn reload(&mut self, source: &ReloadSource, web: &WebHandles, metrics: &ConfigMetrics) {
         let loaded = {
             let source = source.clone();
             tokio::task::spawn_blocking(move || {
@@ -349,6 +404,15 @@ impl Supervisor {
             tracing::error!(error = %problem, "configuration reload refused; the running configuration is kept");
             return;
         }
+        // Both files load, or neither is applied.
+        let security = match load_web(web).await {
+            Ok(s) => s,
+            Err((cause, e)) => {
+                metrics.refused(cause);
+                tracing::error!(error = %e, "configuration reload refused; the running configuration is kept");
+                return;
+            }
+        };
         let mut new = new;
         if new.window != self.cfg.window {
             // Every window, summary and mean is sized by it: changing it
@@ -445,6 +509,21 @@ impl Supervisor {
         let limits_changed = old.limits != self.cfg.limits;
         if limits_changed {
             self.start_limits();
+        }
+        if let Some(sec) = security {
+            if let (Some(tx), Some(cfg)) = (&web.tls, sec.tls) {
+                tx.send_replace(cfg);
+            }
+            if let Ok(mut a) = web.auth.write() {
+                *a = sec.basic_auth.clone();
+            }
+            tracing::info!(
+                tls = web.tls.is_some(),
+                tls_min_version = sec.tls_min_version.map(|v| v.as_str()),
+                basic_auth = sec.basic_auth.is_some(),
+                basic_auth_users = sec.basic_auth.as_ref().map(|a| a.users()),
+                "web configuration reloaded"
+            );
         }
         metrics.reloaded();
         if vols.is_empty()

@@ -89,7 +89,7 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// Puts every route, the fallback included, behind basic auth:
 /// exporter-toolkit protects all paths, and so does this.
-pub fn with_basic_auth(router: Router, auth: Arc<auth::BasicAuth>) -> Router {
+pub fn with_basic_auth(router: Router, auth: auth::AuthSlot) -> Router {
     router.layer(axum::middleware::from_fn_with_state(auth, auth::require))
 }
 

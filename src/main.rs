@@ -144,6 +144,7 @@ fn run_daemon(cli: Cli) -> ExitCode {
         listen,
         telemetry_path: cli.telemetry_path.clone(),
         security,
+        config_file: cli.web_config_file.clone(),
     };
     let source = daemon::ReloadSource {
         file: cli.config_file.clone(),

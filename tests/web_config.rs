@@ -492,3 +492,104 @@ fn bad_web_configs_exit_2_naming_the_key() {
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
 }
+
+/// SIGHUP reads the web configuration again: a rotated certificate is
+/// served to new connections and the new users replace the old ones; a file
+/// that does not load, or that would turn TLS off, changes nothing.
+#[test]
+fn sighup_rotates_the_certificate_and_the_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old_cert, _) = make_cert(dir.path(), "old");
+    let (new_cert, _) = make_cert(dir.path(), "new");
+    let web = dir.path().join("web.yml");
+    let write = |cert: &str, user: &str, password: &str| {
+        std::fs::write(
+            &web,
+            format!(
+                "tls_server_config:\n  cert_file: {cert}.crt\n  key_file: {cert}.key\n\
+                 basic_auth_users:\n  {user}: {}\n",
+                hash(password)
+            ),
+        )
+        .unwrap();
+    };
+    write("old", "alice", PASSWORD);
+    let mut ex = start(dir.path(), &web);
+    let trusts_old = client_config(&old_cert, rustls::DEFAULT_VERSIONS);
+    let trusts_new = client_config(&new_cert, rustls::DEFAULT_VERSIONS);
+    let alice = Some(("alice", PASSWORD));
+    let bob = Some(("bob", OTHER_PASSWORD));
+    assert_eq!(
+        tls_get(ex.addr, &trusts_old, "/metrics", alice)
+            .unwrap()
+            .status,
+        200
+    );
+    assert!(tls_get(ex.addr, &trusts_new, "/metrics", alice).is_err());
+
+    write("new", "bob", OTHER_PASSWORD);
+    ex.signal(libc::SIGHUP);
+    ex.wait_log("web configuration reloaded", Duration::from_secs(20));
+    assert!(
+        tls_get(ex.addr, &trusts_old, "/metrics", bob).is_err(),
+        "new connections get the new certificate"
+    );
+    assert_eq!(
+        tls_get(ex.addr, &trusts_new, "/metrics", bob)
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        tls_get(ex.addr, &trusts_new, "/metrics", alice)
+            .unwrap()
+            .status,
+        401
+    );
+
+    // Turning TLS off needs a restart: refused, TLS and bob stay.
+    std::fs::write(
+        &web,
+        format!("basic_auth_users:\n  carol: {}\n", hash(PASSWORD)),
+    )
+    .unwrap();
+    ex.signal(libc::SIGHUP);
+    let log = ex.wait_log(
+        "turns TLS off: that needs a restart",
+        Duration::from_secs(20),
+    );
+    assert!(log.contains("configuration reload refused"), "{log}");
+    // A file that is not YAML: refused too.
+    std::fs::write(&web, "tls_server_config: [\n").unwrap();
+    ex.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ex.log().matches("configuration reload refused").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", ex.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = tls_get(ex.addr, &trusts_new, "/metrics", bob).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        sample(
+            &r.body,
+            "pgstorage_config_reload_errors_total{cause=\"invalid\"}"
+        ),
+        Some(2.0),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        sample(&r.body, "pgstorage_config_last_reload_successful"),
+        Some(0.0)
+    );
+    assert_eq!(
+        tls_get(ex.addr, &trusts_new, "/metrics", Some(("carol", PASSWORD)))
+            .unwrap()
+            .status,
+        401
+    );
+    let log = stop(ex);
+    for secret in [PASSWORD, OTHER_PASSWORD] {
+        assert!(!log.contains(secret), "a password in the log");
+    }
+}

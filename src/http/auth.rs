@@ -171,8 +171,18 @@ fn parse_basic(v: &HeaderValue) -> Option<(String, Zeroizing<Vec<u8>>)> {
     Some((user, password))
 }
 
-/// Middleware: lets the request through only with valid credentials.
-pub async fn require(State(auth): State<Arc<BasicAuth>>, req: Request, next: Next) -> Response {
+/// The users in force, swapped by a reload of the web configuration; None
+/// lets every request through (a web configuration without
+/// `basic_auth_users`).
+pub type AuthSlot = Arc<std::sync::RwLock<Option<Arc<BasicAuth>>>>;
+
+/// Middleware: lets the request through only with valid credentials, when
+/// the web configuration in force has users.
+pub async fn require(State(slot): State<AuthSlot>, req: Request, next: Next) -> Response {
+    let current = slot.read().ok().and_then(|a| a.clone());
+    let Some(auth) = current else {
+        return next.run(req).await;
+    };
     if auth.check(req.headers().get(header::AUTHORIZATION)).await {
         next.run(req).await
     } else {

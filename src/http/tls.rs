@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -31,15 +31,18 @@ pub struct TlsListener {
 impl TlsListener {
     /// `local` is the address `listener` is bound to, read by the caller
     /// before it started anything that would need cleaning up on an error.
+    /// `config` is watched: a reload sends a new certificate or settings,
+    /// and every handshake after it uses them (connections already open
+    /// keep theirs).
     pub fn new(
         listener: TcpListener,
         local: SocketAddr,
-        config: Arc<rustls::ServerConfig>,
+        config: watch::Receiver<Arc<rustls::ServerConfig>>,
     ) -> Self {
         // Small: connections wait here only while the server is between two
         // accepts.
         let (tx, ready) = mpsc::channel(32);
-        let accepting = tokio::spawn(accept_loop(listener, TlsAcceptor::from(config), tx));
+        let accepting = tokio::spawn(accept_loop(listener, config, tx));
         TlsListener {
             ready,
             local,
@@ -75,7 +78,7 @@ impl axum::serve::Listener for TlsListener {
 
 async fn accept_loop(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    config: watch::Receiver<Arc<rustls::ServerConfig>>,
     tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
     loop {
@@ -89,7 +92,7 @@ async fn accept_loop(
                 continue;
             }
         };
-        let acceptor = acceptor.clone();
+        let acceptor = TlsAcceptor::from(config.borrow().clone());
         let tx = tx.clone();
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&acceptor, tcp)).await {

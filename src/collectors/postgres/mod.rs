@@ -492,7 +492,7 @@ impl Session<'_> {
                         query = what,
                         cause = cause.label(),
                         error = %e,
-                        "query failed; its series are absent until it succeeds (repeats are counted, not logged)"
+                        "query failed (repeats are counted, not logged, until it succeeds again)"
                     ),
                     Report::Again { failures } => tracing::warn!(
                         cluster = %cluster,

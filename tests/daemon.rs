@@ -403,7 +403,7 @@ fn data_source_name_adds_a_cluster_and_an_unreachable_one_is_pg_up_0() {
             m.contains("pgstorage_pg_up{cluster=\"pg1\"} 0")
                 && sample(
                     m,
-                    "pgstorage_pg_scrape_errors_total{cluster=\"pg1\",query=\"connect\"}",
+                    "pgstorage_pg_scrape_errors_total{cluster=\"pg1\",query=\"connect\",cause=\"connection\"}",
                 )
                 .unwrap_or(0.0)
                     >= 1.0

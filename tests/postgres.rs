@@ -264,7 +264,7 @@ fn wrong_password_is_a_clear_error_without_the_password() {
     let m = ex.wait_for("a connect error", Duration::from_secs(30), |m| {
         value(
             m,
-            "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\"}",
+            "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\",cause=\"auth\"}",
         )
         .unwrap_or(0.0)
             >= 1.0
@@ -530,7 +530,7 @@ fn tls_follows_sslmode() {
             ex.wait_for("a connect error", Duration::from_secs(20), |m| {
                 value(
                     m,
-                    "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\"}",
+                    "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\",cause=\"tls\"}",
                 )
                 .unwrap_or(0.0)
                     >= 1.0

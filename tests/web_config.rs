@@ -514,7 +514,7 @@ fn sighup_rotates_the_certificate_and_the_users() {
         .unwrap();
     };
     write("old", "alice", PASSWORD);
-    let mut ex = start(dir.path(), &web);
+    let ex = start(dir.path(), &web);
     let trusts_old = client_config(&old_cert, rustls::DEFAULT_VERSIONS);
     let trusts_new = client_config(&new_cert, rustls::DEFAULT_VERSIONS);
     let alice = Some(("alice", PASSWORD));

@@ -150,14 +150,14 @@ pub fn encode(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
         out,
         format,
         "pgstorage_pg_scrape_errors",
-        "Failed connections and queries by what failed: connect, settings, io, wal, database, checkpoints, waits, tablespaces",
+        "Failed connections and queries by what failed (query: connect, settings, io, wal, database, checkpoints, waits, tablespaces) and why (cause: timeout, client_timeout, permission, undefined, auth, tls, connection, other)",
     );
     for c in clusters {
-        for (what, n) in &c.errors {
+        for ((what, cause), n) in &c.errors {
             sample(
                 out,
                 "pgstorage_pg_scrape_errors_total",
-                &labels(&[("cluster", &c.name), ("query", what)]),
+                &labels(&[("cluster", &c.name), ("query", what), ("cause", cause)]),
                 *n as f64,
             );
         }
@@ -366,6 +366,23 @@ pub fn encode(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
     }
     gauge_header(
         out,
+        "pgstorage_pg_wait_hidden_backends",
+        "Backends (other roles' sessions, background processes) whose wait events the exporter's role could not see in the latest sample: it lacks pg_read_all_stats (pg_monitor); 0 when it sees everything",
+    );
+    for c in clusters {
+        if c.up
+            && let Some(n) = c.waits.hidden
+        {
+            sample(
+                out,
+                "pgstorage_pg_wait_hidden_backends",
+                &labels(&[("cluster", &c.name)]),
+                n as f64,
+            );
+        }
+    }
+    gauge_header(
+        out,
         "pgstorage_cluster_volume_info",
         "Always 1: which probed volume holds which of the cluster's directories; role = data, wal or tablespace:<name>",
     );
@@ -378,5 +395,37 @@ pub fn encode(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
                 1.0,
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_carry_their_cause_and_hidden_backends_show_while_up() {
+        let mut c = ClusterSnapshot {
+            name: "c".into(),
+            up: true,
+            ..Default::default()
+        };
+        c.errors.insert(("database", "timeout"), 3);
+        c.errors.insert(("connect", "client_timeout"), 1);
+        c.waits.hidden = Some(4);
+        let mut out = String::new();
+        encode(&mut out, Format::Prometheus, std::slice::from_ref(&c));
+        for want in [
+            "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"database\",cause=\"timeout\"} 3\n",
+            "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\",cause=\"client_timeout\"} 1\n",
+            "pgstorage_pg_wait_hidden_backends{cluster=\"c\"} 4\n",
+        ] {
+            assert!(out.contains(want), "{want} missing from:\n{out}");
+        }
+        // Down: no stale hidden count, the error counters stay.
+        c.up = false;
+        let mut out = String::new();
+        encode(&mut out, Format::Prometheus, &[c]);
+        assert!(!out.contains("pgstorage_pg_wait_hidden_backends{"), "{out}");
+        assert!(out.contains("query=\"database\",cause=\"timeout\"} 3"));
     }
 }

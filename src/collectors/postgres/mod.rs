@@ -10,6 +10,7 @@
 
 pub mod discovery;
 pub mod dsn;
+pub mod failure;
 pub mod queries;
 pub mod tls;
 pub mod waits;
@@ -24,7 +25,8 @@ use crate::model::ceiling::mean_sync_seconds;
 use crate::probe::set::VolumeSet;
 use crate::types::SyncMethod;
 use dsn::Target;
-use queries::{Checkpoints, IoRow, Setting, WalStats};
+use failure::{Cause, ConnectFailure, Failures, QueryError, Report};
+use queries::{Checkpoints, Db, IoRow, QResult, Setting, WalStats};
 use waits::WaitTotals;
 
 /// A cluster to watch, validated.
@@ -48,6 +50,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("password_file", &self.password_file)
             .field("scrape_interval", &self.scrape_interval)
             .field("wait_sampling_interval", &self.wait_sampling_interval)
+            .field("statement_timeout", &self.statement_timeout)
             .field("discover_volumes", &self.discover_volumes)
             .finish()
     }
@@ -72,7 +75,8 @@ pub struct ClusterSnapshot {
     pub version: Option<(u32, String)>,
     pub stats: Option<PgStats>,
     pub scrape_seconds: Option<f64>,
-    pub errors: BTreeMap<&'static str, u64>,
+    /// Failures by (what failed: `connect` or a query, cause label).
+    pub errors: BTreeMap<(&'static str, &'static str), u64>,
     pub waits: WaitTotals,
     /// (volume, role) pairs from discovery or matching configured volumes.
     pub volumes: Vec<(String, String)>,
@@ -137,8 +141,8 @@ impl ClusterState {
         self.inner.lock().ok().map(|mut i| f(&mut i))
     }
 
-    fn error(&self, what: &'static str) {
-        self.with(|i| *i.snap.errors.entry(what).or_default() += 1);
+    fn error(&self, what: &'static str, cause: Cause) {
+        self.with(|i| *i.snap.errors.entry((what, cause.label())).or_default() += 1);
     }
 
     fn down(&self) {
@@ -209,7 +213,36 @@ impl ClusterSet {
 
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-const LOG_REPEAT: Duration = Duration::from_secs(300);
+
+/// Added to statement_timeout for the client deadline of each statement.
+/// The server cancels a statement at statement_timeout (and gives up a lock
+/// wait at lock_timeout, set to the same value) and answers with an error
+/// right away; no answer at all this much later means the server is not
+/// answering: a stopped or frozen backend, a backend stuck in uninterruptible
+/// IO on a stalled volume, a network path that died without a reset. Only
+/// the client can notice those.
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
+
+/// How long one statement may go without an answer before the connection
+/// is dropped: statement_timeout + [`DEADLINE_MARGIN`].
+pub fn statement_deadline(statement_timeout: Duration) -> Duration {
+    statement_timeout + DEADLINE_MARGIN
+}
+
+/// How long a whole connection attempt (TCP, TLS, authentication, start-up)
+/// may take: the DSN's connect_timeout (10 s unless set, at least 2 s) per
+/// host, as libpq applies it. tokio-postgres itself applies connect_timeout
+/// only to the socket connect, so a server whose postmaster accepts TCP
+/// connections but never answers the start-up packet (stopped, frozen)
+/// would otherwise hold the attempt forever.
+pub fn connect_deadline(config: &tokio_postgres::Config) -> Duration {
+    let per_host = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(Duration::from_secs(10));
+    let hosts = u32::try_from(config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
+    per_host.saturating_mul(hosts)
+}
 
 /// Runs the collector of one cluster until the process ends.
 pub async fn run(
@@ -220,27 +253,65 @@ pub async fn run(
     defaults: VolumeDefaults,
 ) {
     let mut backoff = BACKOFF_START;
-    let mut last_logged: Option<(String, Instant)> = None;
+    let mut failures = Failures::default();
     let mut discovered = false;
+    let mut sees_all: Option<bool> = None;
+    let connect_within = connect_deadline(&target.config);
+    let deadline = statement_deadline(cfg.statement_timeout);
     loop {
-        let client = match tls::connect(&target).await {
-            Ok(c) => c,
+        let attempt = match tokio::time::timeout(connect_within, tls::connect(&target)).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(ConnectFailure::Failed(e)),
+            Err(_) => Err(ConnectFailure::NoAnswer(connect_within)),
+        };
+        // A connection counts once its session is set up: a set-up that
+        // fails is a failed connection attempt, logged once and retried
+        // with backoff like one.
+        let set_up = match attempt {
+            Ok(conn) => {
+                let session = Session {
+                    cfg: &cfg,
+                    state: &state,
+                    db: Db::new(&conn.client, deadline),
+                    failures: &mut failures,
+                };
+                match session.setup().await {
+                    Ok((version, all)) => Ok((conn, version, all)),
+                    Err(lost) => Err(ConnectFailure::SetUp(lost.error)),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        let (conn, version, all) = match set_up {
+            Ok(ok) => ok,
             Err(e) => {
-                state.error("connect");
+                let cause = e.cause();
+                state.error("connect", cause);
                 state.down();
-                let msg = e.to_string();
-                let repeat = last_logged
-                    .as_ref()
-                    .is_some_and(|(m, t)| *m == msg && t.elapsed() < LOG_REPEAT);
-                if !repeat {
-                    tracing::warn!(
+                match failures.failed("connect", cause, Instant::now()) {
+                    Report::New => tracing::warn!(
                         cluster = %cfg.name,
                         target = %target.display,
-                        error = %msg,
+                        cause = cause.label(),
+                        error = %e,
                         retry_in = ?backoff,
                         "cannot connect to PostgreSQL"
-                    );
-                    last_logged = Some((msg, Instant::now()));
+                    ),
+                    Report::Again { failures } => tracing::warn!(
+                        cluster = %cfg.name,
+                        target = %target.display,
+                        cause = cause.label(),
+                        error = %e,
+                        failures,
+                        retry_in = ?backoff,
+                        "still cannot connect to PostgreSQL"
+                    ),
+                    Report::Quiet => tracing::debug!(
+                        cluster = %cfg.name,
+                        cause = cause.label(),
+                        error = %e,
+                        "cannot connect to PostgreSQL (again)"
+                    ),
                 }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -248,130 +319,237 @@ pub async fn run(
             }
         };
         backoff = BACKOFF_START;
-        last_logged = None;
-        match session(&cfg, &client, &state, &volumes, &defaults, &mut discovered).await {
-            Ok(()) => {}
-            Err(e) => {
-                tracing::warn!(cluster = %cfg.name, error = %tls::describe(&e), "lost the PostgreSQL connection; reconnecting");
+        match failures.succeeded("connect", Instant::now()) {
+            Some((failed, down)) => tracing::info!(
+                cluster = %cfg.name,
+                version = %version.1,
+                failed_attempts = failed,
+                down_for = ?down,
+                "reconnected to PostgreSQL"
+            ),
+            None => {
+                tracing::info!(cluster = %cfg.name, version = %version.1, "connected to PostgreSQL")
             }
         }
+        match all {
+            Some(false) if sees_all != Some(false) => tracing::warn!(
+                cluster = %cfg.name,
+                "this role is not a member of pg_read_all_stats (nor pg_monitor, nor superuser): \
+                 pg_stat_activity hides the wait events of the backends of other roles, so they \
+                 are not sampled; pgstorage_pg_wait_hidden_backends counts them"
+            ),
+            Some(true) if sees_all == Some(false) => {
+                tracing::info!(cluster = %cfg.name, "this role now sees every backend's wait events")
+            }
+            _ => {}
+        }
+        if all.is_some() {
+            sees_all = all;
+        }
+        let session = Session {
+            cfg: &cfg,
+            state: &state,
+            db: Db::new(&conn.client, deadline),
+            failures: &mut failures,
+        };
+        let Err(lost) = session
+            .serve(version.0, &volumes, &defaults, &mut discovered)
+            .await;
+        // Closes the socket, also when a reply is still owed.
+        drop(conn);
+        let cause = lost.error.cause();
+        state.error(lost.what, cause);
         state.down();
+        if let QueryError::NoAnswer(d) = &lost.error {
+            tracing::warn!(
+                cluster = %cfg.name,
+                query = lost.what,
+                cause = cause.label(),
+                deadline = ?d,
+                error = %lost.error,
+                "PostgreSQL stopped answering; dropped the connection, reconnecting"
+            );
+        } else {
+            tracing::warn!(
+                cluster = %cfg.name,
+                query = lost.what,
+                cause = cause.label(),
+                error = %lost.error,
+                "lost the PostgreSQL connection; reconnecting"
+            );
+        }
+        // Reconnection attempts failing the same way are this same outage,
+        // already logged; the reconnection logs its end.
+        failures.already_logged("connect", cause, Instant::now());
         tokio::time::sleep(BACKOFF_START).await;
     }
 }
 
-/// One connected session: set it up, then scrape and sample until an error
-/// says the connection is gone.
-async fn session(
-    cfg: &ClusterConfig,
-    client: &tokio_postgres::Client,
-    state: &ClusterState,
-    volumes: &VolumeSet,
-    defaults: &VolumeDefaults,
-    discovered: &mut bool,
-) -> Result<(), tokio_postgres::Error> {
-    let timeout_ms = cfg.statement_timeout.as_millis().max(1);
-    client
-        .batch_execute(&format!(
-            "SET statement_timeout = {timeout_ms}; SET lock_timeout = {timeout_ms}; \
-             SET default_transaction_read_only = on"
-        ))
-        .await?;
-    let version = queries::version(client).await?;
-    if version.0 < 140000 {
-        tracing::error!(cluster = %cfg.name, version = %version.1, "PostgreSQL older than 14 is not supported: WAL, checkpoint and pg_stat_io statistics are not read");
-    } else if version.0 >= 190000 {
-        tracing::info!(cluster = %cfg.name, version = %version.1, "newer than 18: using the PostgreSQL 18 queries");
-    } else {
-        tracing::info!(cluster = %cfg.name, version = %version.1, "connected to PostgreSQL");
-    }
-    state.with(|i| i.snap.version = Some(version.clone()));
-
-    let mut scrape = tokio::time::interval(cfg.scrape_interval);
-    scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut sample = tokio::time::interval(cfg.wait_sampling_interval);
-    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = scrape.tick() => {
-                let t0 = Instant::now();
-                let stats = scrape_once(client, state, version.0).await?;
-                if !*discovered && cfg.discover_volumes {
-                    *discovered = discover(cfg, client, state, volumes, defaults, &stats, version.0).await?;
-                }
-                state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
-            }
-            _ = sample.tick() => {
-                match queries::waits(client).await {
-                    Ok(rows) => {
-                        let interval = cfg.wait_sampling_interval;
-                        state.with(|i| i.snap.waits.add(Instant::now(), interval, &rows));
-                    }
-                    Err(e) if e.is_closed() => return Err(e),
-                    Err(e) => {
-                        state.error("waits");
-                        tracing::debug!(cluster = %cfg.name, error = %tls::describe(&e), "wait event sample failed");
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// A query error that is about the query (permission, missing view) is
-/// counted and the rest of the scrape goes on; a closed connection ends the
-/// session.
-fn keep<T>(
-    state: &ClusterState,
+/// Why a session ended: what was running, and the error.
+#[derive(Debug)]
+struct Lost {
     what: &'static str,
-    r: Result<T, tokio_postgres::Error>,
-) -> Result<Option<T>, tokio_postgres::Error> {
-    match r {
-        Ok(v) => Ok(Some(v)),
-        Err(e) if e.is_closed() => Err(e),
-        Err(e) => {
-            state.error(what);
-            tracing::warn!(cluster = %state.name, query = what, error = %tls::describe(&e), "query failed");
-            Ok(None)
-        }
-    }
+    error: QueryError,
 }
 
-async fn scrape_once(
-    client: &tokio_postgres::Client,
-    state: &ClusterState,
-    version: u32,
-) -> Result<PgStats, tokio_postgres::Error> {
-    let settings = keep(state, "settings", queries::settings(client).await)?.unwrap_or_default();
-    let on = |n: &str| settings.iter().any(|s| s.name == n && s.value == "on");
-    let io = keep(state, "io", queries::io(client, version).await)?.flatten();
-    let wal_timing = on("track_wal_io_timing");
-    let wal = keep(
-        state,
-        "wal",
-        queries::wal(client, version, wal_timing).await,
-    )?
-    .flatten();
-    let (commits, rollbacks) =
-        keep(state, "database", queries::commits(client).await)?.unwrap_or((None, None));
-    let checkpoints = if version >= 140000 {
-        keep(
-            state,
-            "checkpoints",
-            queries::checkpoints(client, version).await,
-        )?
-    } else {
-        None
-    };
-    let io = io.map(|rows| strip_untimed(rows, on("track_io_timing"), wal_timing));
-    Ok(PgStats {
-        settings,
-        io,
-        wal,
-        commits,
-        rollbacks,
-        checkpoints,
-    })
+/// One connected session.
+struct Session<'a> {
+    cfg: &'a ClusterConfig,
+    state: &'a ClusterState,
+    db: Db<'a>,
+    failures: &'a mut Failures,
+}
+
+impl Session<'_> {
+    /// Makes the session read-only with the timeouts, and reads the server
+    /// version and whether this role sees every backend.
+    async fn setup(&self) -> Result<((u32, String), Option<bool>), Lost> {
+        let cfg = self.cfg;
+        let setup = |error| Lost {
+            what: "connect",
+            error,
+        };
+        let timeout_ms = cfg.statement_timeout.as_millis().max(1);
+        self.db
+            .batch_execute(&format!(
+                "SET statement_timeout = {timeout_ms}; SET lock_timeout = {timeout_ms}; \
+                 SET default_transaction_read_only = on"
+            ))
+            .await
+            .map_err(setup)?;
+        let version = queries::version(self.db).await.map_err(setup)?;
+        if version.0 < 140000 {
+            tracing::error!(cluster = %cfg.name, version = %version.1, "PostgreSQL older than 14 is not supported: WAL, checkpoint and pg_stat_io statistics are not read");
+        } else if version.0 >= 190000 {
+            tracing::info!(cluster = %cfg.name, version = %version.1, "newer than 18: using the PostgreSQL 18 queries");
+        }
+        self.state.with(|i| i.snap.version = Some(version.clone()));
+        // Whether this role sees every backend: logged by the caller, after
+        // the line saying it connected.
+        let all = match queries::sees_all_backends(self.db).await {
+            Ok(all) => Some(all),
+            Err(e) if e.ends_session() => return Err(setup(e)),
+            Err(e) => {
+                tracing::debug!(cluster = %cfg.name, error = %e, "cannot check for pg_read_all_stats");
+                None
+            }
+        };
+        Ok((version, all))
+    }
+
+    /// Scrapes and samples until the connection is lost or the server stops
+    /// answering.
+    async fn serve(
+        mut self,
+        version: u32,
+        volumes: &VolumeSet,
+        defaults: &VolumeDefaults,
+        discovered: &mut bool,
+    ) -> Result<std::convert::Infallible, Lost> {
+        let cfg = self.cfg;
+        let mut scrape = tokio::time::interval(cfg.scrape_interval);
+        scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut sample = tokio::time::interval(cfg.wait_sampling_interval);
+        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = scrape.tick() => {
+                    let t0 = Instant::now();
+                    let stats = self.scrape_once(version).await?;
+                    if !*discovered && cfg.discover_volumes {
+                        *discovered = self.discover(volumes, defaults, &stats, version).await?;
+                    }
+                    self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
+                }
+                _ = sample.tick() => {
+                    let r = queries::waits(self.db).await;
+                    if let Some(s) = self.keep("waits", r)? {
+                        let interval = cfg.wait_sampling_interval;
+                        self.state.with(|i| {
+                            i.snap.waits.add(Instant::now(), interval, &s.waiting);
+                            i.snap.waits.hidden = Some(s.hidden);
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// A query error that is about the query (permission, timeout, missing
+    /// view) is counted with its cause and the rest of the round goes on; it
+    /// is logged when it starts (or changes cause, or every 5 minutes while
+    /// it lasts), and once when the query succeeds again. A closed
+    /// connection or no answer at all ends the session.
+    fn keep<T>(&mut self, what: &'static str, r: QResult<T>) -> Result<Option<T>, Lost> {
+        let cluster = &self.cfg.name;
+        match r {
+            Ok(v) => {
+                if let Some((failures, after)) = self.failures.succeeded(what, Instant::now()) {
+                    tracing::info!(cluster = %cluster, query = what, failures, after = ?after, "query succeeds again");
+                }
+                Ok(Some(v))
+            }
+            Err(error) if error.ends_session() => Err(Lost { what, error }),
+            Err(e) => {
+                let cause = e.cause();
+                self.state.error(what, cause);
+                match self.failures.failed(what, cause, Instant::now()) {
+                    Report::New => tracing::warn!(
+                        cluster = %cluster,
+                        query = what,
+                        cause = cause.label(),
+                        error = %e,
+                        "query failed (repeats are counted, not logged, until it succeeds again)"
+                    ),
+                    Report::Again { failures } => tracing::warn!(
+                        cluster = %cluster,
+                        query = what,
+                        cause = cause.label(),
+                        error = %e,
+                        failures,
+                        "query still failing"
+                    ),
+                    Report::Quiet => tracing::debug!(
+                        cluster = %cluster,
+                        query = what,
+                        cause = cause.label(),
+                        error = %e,
+                        "query failed again"
+                    ),
+                }
+                Ok(None)
+            }
+        }
+    }
+
+    async fn scrape_once(&mut self, version: u32) -> Result<PgStats, Lost> {
+        let db = self.db;
+        let r = queries::settings(db).await;
+        let settings = self.keep("settings", r)?.unwrap_or_default();
+        let on = |n: &str| settings.iter().any(|s| s.name == n && s.value == "on");
+        let r = queries::io(db, version).await;
+        let io = self.keep("io", r)?.flatten();
+        let wal_timing = on("track_wal_io_timing");
+        let r = queries::wal(db, version, wal_timing).await;
+        let wal = self.keep("wal", r)?.flatten();
+        let r = queries::commits(db).await;
+        let (commits, rollbacks) = self.keep("database", r)?.unwrap_or((None, None));
+        let checkpoints = if version >= 140000 {
+            let r = queries::checkpoints(db, version).await;
+            self.keep("checkpoints", r)?
+        } else {
+            None
+        };
+        let io = io.map(|rows| strip_untimed(rows, on("track_io_timing"), wal_timing));
+        Ok(PgStats {
+            settings,
+            io,
+            wal,
+            commits,
+            rollbacks,
+            checkpoints,
+        })
+    }
 }
 
 /// With timing off PostgreSQL reports 0 ms, not NULL: drop those times so
@@ -395,67 +573,93 @@ fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) -> Vec
 
 /// Discovers and adds the cluster's volumes. Returns true when done (also
 /// when discovery is impossible, which is logged once).
-async fn discover(
-    cfg: &ClusterConfig,
-    client: &tokio_postgres::Client,
-    state: &ClusterState,
-    volumes: &VolumeSet,
-    defaults: &VolumeDefaults,
-    stats: &PgStats,
-    version: u32,
-) -> Result<bool, tokio_postgres::Error> {
-    let Some(data_dir) = stats
-        .settings
-        .iter()
-        .find(|s| s.name == "data_directory")
-        .map(|s| PathBuf::from(&s.value))
-    else {
-        tracing::warn!(cluster = %cfg.name, "data_directory is not visible to this role (grant pg_monitor); volume discovery skipped");
-        return Ok(true);
-    };
-    let tablespaces =
-        keep(state, "tablespaces", queries::tablespaces(client).await)?.unwrap_or_default();
-    let sync_method = match stats.settings.iter().find(|s| s.name == "wal_sync_method") {
+impl Session<'_> {
+    async fn discover(
+        &mut self,
+        volumes: &VolumeSet,
+        defaults: &VolumeDefaults,
+        stats: &PgStats,
+        version: u32,
+    ) -> Result<bool, Lost> {
+        let cfg = self.cfg;
+        let Some(data_dir) = stats
+            .settings
+            .iter()
+            .find(|s| s.name == "data_directory")
+            .map(|s| PathBuf::from(&s.value))
+        else {
+            tracing::warn!(cluster = %cfg.name, "data_directory is not visible to this role (grant pg_monitor); volume discovery skipped");
+            return Ok(true);
+        };
+        let r = queries::tablespaces(self.db).await;
+        let tablespaces = self.keep("tablespaces", r)?.unwrap_or_default();
+        let sync_method = match stats.settings.iter().find(|s| s.name == "wal_sync_method") {
         Some(s) => SyncMethod::parse(&s.value).unwrap_or_else(|| {
             tracing::warn!(cluster = %cfg.name, wal_sync_method = %s.value, "wal_sync_method has no Linux equivalent; probing with fdatasync");
             SyncMethod::Fdatasync
         }),
         None => SyncMethod::Fdatasync,
     };
-    let plan = match discovery::plan(&cfg.name, version / 10000, &data_dir, &tablespaces) {
-        Ok(p) => p,
-        Err(why) => {
-            tracing::info!(cluster = %cfg.name, reason = %why, "volume discovery skipped");
-            return Ok(true);
-        }
-    };
-    let mut roles = Vec::new();
-    for p in plan {
-        let labels: Vec<String> = p.roles.iter().map(|r| r.label()).collect();
-        if let Some(existing) = volumes.on_device(p.dev) {
-            tracing::info!(cluster = %cfg.name, volume = %existing.name, roles = ?labels, "filesystem already probed by another volume");
-            roles.extend(labels.into_iter().map(|r| (existing.name.clone(), r)));
-            continue;
-        }
-        let Some(probe_dir) = p.probe_dir.clone() else {
-            tracing::warn!(cluster = %cfg.name, path = %p.path.display(), roles = ?labels, reason = ?p.skipped, "not probing this filesystem");
-            continue;
+        let plan = match discovery::plan(&cfg.name, version / 10000, &data_dir, &tablespaces) {
+            Ok(p) => p,
+            Err(why) => {
+                tracing::info!(cluster = %cfg.name, reason = %why, "volume discovery skipped");
+                return Ok(true);
+            }
         };
-        let vc = defaults.volume(
-            p.name.clone(),
-            p.path.clone(),
-            probe_dir,
-            p.commit_probe(),
-            p.read_probe(),
-            sync_method,
-        );
-        match volumes.add(vc) {
-            Ok(v) => roles.extend(labels.into_iter().map(|r| (v.name.clone(), r))),
-            Err(e) => {
-                tracing::warn!(cluster = %cfg.name, volume = %p.name, error = %e, "cannot add discovered volume")
+        let mut roles = Vec::new();
+        for p in plan {
+            let labels: Vec<String> = p.roles.iter().map(|r| r.label()).collect();
+            if let Some(existing) = volumes.on_device(p.dev) {
+                tracing::info!(cluster = %cfg.name, volume = %existing.name, roles = ?labels, "filesystem already probed by another volume");
+                roles.extend(labels.into_iter().map(|r| (existing.name.clone(), r)));
+                continue;
+            }
+            let Some(probe_dir) = p.probe_dir.clone() else {
+                tracing::warn!(cluster = %cfg.name, path = %p.path.display(), roles = ?labels, reason = ?p.skipped, "not probing this filesystem");
+                continue;
+            };
+            let vc = defaults.volume(
+                p.name.clone(),
+                p.path.clone(),
+                probe_dir,
+                p.commit_probe(),
+                p.read_probe(),
+                sync_method,
+            );
+            match volumes.add(vc) {
+                Ok(v) => roles.extend(labels.into_iter().map(|r| (v.name.clone(), r))),
+                Err(e) => {
+                    tracing::warn!(cluster = %cfg.name, volume = %p.name, error = %e, "cannot add discovered volume")
+                }
             }
         }
+        self.state.with(|i| i.snap.volumes = roles);
+        Ok(true)
     }
-    state.with(|i| i.snap.volumes = roles);
-    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_deadlines() {
+        assert_eq!(
+            statement_deadline(Duration::from_secs(5)),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            statement_deadline(Duration::from_millis(100)),
+            Duration::from_millis(2100)
+        );
+        let mut c = tokio_postgres::Config::new();
+        c.host("db1");
+        assert_eq!(connect_deadline(&c), Duration::from_secs(10), "default");
+        c.connect_timeout(Duration::from_secs(3));
+        assert_eq!(connect_deadline(&c), Duration::from_secs(3));
+        // tokio-postgres tries the hosts in turn, each with connect_timeout.
+        c.host("db2");
+        assert_eq!(connect_deadline(&c), Duration::from_secs(6));
+    }
 }

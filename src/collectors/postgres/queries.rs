@@ -10,8 +10,61 @@
 //! Every column is cast to float8 so counters of any width read the same
 //! way; SQL NULL (a time with timing off, a column a backend type never
 //! fills) stays `None` and becomes an absent series, never a zero.
+//!
+//! Every statement goes through [`Db`], which gives up on it at the client
+//! deadline (statement_timeout plus a margin, see `super::DEADLINE_MARGIN`).
 
-use tokio_postgres::Client;
+use std::time::Duration;
+
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row};
+
+use super::failure::QueryError;
+
+/// The session's client, with the deadline after which a statement that got
+/// no answer at all (not even the server's cancellation at
+/// statement_timeout) is abandoned.
+#[derive(Clone, Copy)]
+pub struct Db<'a> {
+    client: &'a Client,
+    deadline: Duration,
+}
+
+impl std::fmt::Debug for Db<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("deadline", &self.deadline)
+            .finish()
+    }
+}
+
+impl<'a> Db<'a> {
+    pub fn new(client: &'a Client, deadline: Duration) -> Db<'a> {
+        Db { client, deadline }
+    }
+
+    async fn within<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> QResult<T> {
+        match tokio::time::timeout(self.deadline, f).await {
+            Ok(r) => r.map_err(QueryError::Pg),
+            Err(_) => Err(QueryError::NoAnswer(self.deadline)),
+        }
+    }
+
+    pub async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> QResult<Vec<Row>> {
+        self.within(self.client.query(sql, params)).await
+    }
+
+    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> QResult<Row> {
+        self.within(self.client.query_one(sql, params)).await
+    }
+
+    pub async fn batch_execute(&self, sql: &str) -> QResult<()> {
+        self.within(self.client.batch_execute(sql)).await
+    }
+}
 
 /// One row of pg_stat_io.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -101,13 +154,13 @@ pub fn exported_setting(name: &str) -> bool {
     name != "data_directory" && name != "port"
 }
 
-pub type QResult<T> = Result<T, tokio_postgres::Error>;
+pub type QResult<T> = Result<T, QueryError>;
 
 fn f(row: &tokio_postgres::Row, i: usize) -> Option<f64> {
     row.try_get::<_, Option<f64>>(i).ok().flatten()
 }
 
-pub async fn version(c: &Client) -> QResult<(u32, String)> {
+pub async fn version(c: Db<'_>) -> QResult<(u32, String)> {
     let row = c
         .query_one(
             "SELECT current_setting('server_version_num')::int4, current_setting('server_version')",
@@ -148,7 +201,7 @@ pub fn numeric_setting(setting: &str, unit: Option<&str>, vartype: &str) -> Opti
     }
 }
 
-pub async fn settings(c: &Client) -> QResult<Vec<Setting>> {
+pub async fn settings(c: Db<'_>) -> QResult<Vec<Setting>> {
     let names: Vec<String> = SETTINGS.iter().map(|s| s.to_string()).collect();
     let rows = c
         .query(
@@ -179,7 +232,7 @@ pub async fn settings(c: &Client) -> QResult<Vec<Setting>> {
         .collect())
 }
 
-pub async fn io(c: &Client, version: u32) -> QResult<Option<Vec<IoRow>>> {
+pub async fn io(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>> {
     if version < 160000 {
         return Ok(None);
     }
@@ -224,7 +277,7 @@ pub async fn io(c: &Client, version: u32) -> QResult<Option<Vec<IoRow>>> {
 /// WAL statistics. Up to 17 the write and sync counters are in pg_stat_wal;
 /// 18 moved them to pg_stat_io (object 'wal'); the syncs a commit waits for
 /// are in context 'normal' ('init' is the creation of new segments).
-pub async fn wal(c: &Client, version: u32, timing: bool) -> QResult<Option<WalStats>> {
+pub async fn wal(c: Db<'_>, version: u32, timing: bool) -> QResult<Option<WalStats>> {
     if version < 140000 {
         return Ok(None);
     }
@@ -273,7 +326,7 @@ pub async fn wal(c: &Client, version: u32, timing: bool) -> QResult<Option<WalSt
     }))
 }
 
-pub async fn commits(c: &Client) -> QResult<(Option<f64>, Option<f64>)> {
+pub async fn commits(c: Db<'_>) -> QResult<(Option<f64>, Option<f64>)> {
     let r = c
         .query_one(
             "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8 FROM pg_stat_database",
@@ -283,7 +336,7 @@ pub async fn commits(c: &Client) -> QResult<(Option<f64>, Option<f64>)> {
     Ok((f(&r, 0), f(&r, 1)))
 }
 
-pub async fn checkpoints(c: &Client, version: u32) -> QResult<Checkpoints> {
+pub async fn checkpoints(c: Db<'_>, version: u32) -> QResult<Checkpoints> {
     let ms = |v: Option<f64>| v.map(|x| x / 1000.0);
     if version < 170000 {
         let r = c
@@ -335,27 +388,69 @@ pub async fn checkpoints(c: &Client, version: u32) -> QResult<Checkpoints> {
     })
 }
 
-/// Backends waiting right now, by (wait_event_type, wait_event). Idle client
-/// connections (waiting for the next query in Client:ClientRead) are left
-/// out: they are not waiting on the server.
-pub async fn waits(c: &Client) -> QResult<Vec<(String, String, i64)>> {
+/// One sample of pg_stat_activity.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WaitSample {
+    /// Backends waiting right now, by (wait_event_type, wait_event).
+    pub waiting: Vec<(String, String, i64)>,
+    /// Backends whose wait state this role may not see.
+    pub hidden: u64,
+}
+
+/// Backends waiting right now, by (wait_event_type, wait_event), and the
+/// backends this role cannot see. Idle client connections (waiting for the
+/// next query in Client:ClientRead) are left out: they are not waiting on
+/// the server.
+///
+/// Without pg_read_all_stats (which pg_monitor includes) a role sees only
+/// its own sessions: for every other backend, background processes
+/// included, pg_stat_activity shows the pid, the user and
+/// `<insufficient privilege>` as the query, and NULL in backend_type,
+/// state, wait_event_type and wait_event (checked on 15 and 18). Those rows
+/// are counted as hidden rather than dropped by `wait_event IS NOT NULL`, so
+/// that "nobody waits" and "cannot see who waits" differ. backend_type is
+/// never NULL for a backend the role may see, so it is the marker; in the
+/// result a hidden row is the group whose type and event are both NULL.
+pub async fn waits(c: Db<'_>) -> QResult<WaitSample> {
     let rows = c
         .query(
-            "SELECT wait_event_type, wait_event, count(*) FROM pg_stat_activity \
-             WHERE wait_event IS NOT NULL AND pid <> pg_backend_pid() \
-             AND NOT (backend_type = 'client backend' AND state = 'idle') \
+            "SELECT CASE WHEN backend_type IS NOT NULL THEN wait_event_type END, \
+             CASE WHEN backend_type IS NOT NULL THEN wait_event END, count(*) \
+             FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND (backend_type IS NULL \
+             OR (wait_event IS NOT NULL AND NOT (backend_type = 'client backend' AND state = 'idle'))) \
              GROUP BY 1, 2",
             &[],
         )
         .await?;
-    Ok(rows
-        .iter()
-        .filter_map(|r| Some((r.try_get(0).ok()?, r.try_get(1).ok()?, r.try_get(2).ok()?)))
-        .collect())
+    let mut sample = WaitSample::default();
+    for r in &rows {
+        let ty: Option<String> = r.try_get(0)?;
+        let event: Option<String> = r.try_get(1)?;
+        let n: i64 = r.try_get(2)?;
+        match (ty, event) {
+            (Some(t), Some(e)) => sample.waiting.push((t, e, n)),
+            _ => sample.hidden += n.max(0) as u64,
+        }
+    }
+    Ok(sample)
+}
+
+/// Whether this role sees every backend in pg_stat_activity: PostgreSQL
+/// shows another role's backend in full only to members of that role and
+/// of pg_read_all_stats (`has_privs_of_role`, which is what
+/// `pg_has_role(..., 'USAGE')` checks; a superuser passes).
+pub async fn sees_all_backends(c: Db<'_>) -> QResult<bool> {
+    let row = c
+        .query_one(
+            "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')",
+            &[],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
 }
 
 /// Tablespaces with a location outside the data directory.
-pub async fn tablespaces(c: &Client) -> QResult<Vec<(String, String)>> {
+pub async fn tablespaces(c: Db<'_>) -> QResult<Vec<(String, String)>> {
     let rows = c
         .query(
             "SELECT spcname::text, pg_tablespace_location(oid) FROM pg_tablespace \

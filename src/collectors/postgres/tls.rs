@@ -208,22 +208,50 @@ fn client_config(t: &Target) -> Result<rustls::ClientConfig, ConnectError> {
         .with_no_client_auth())
 }
 
+/// A connected client and the task that drives its socket. Dropping it
+/// aborts the task, which closes the socket: tokio-postgres keeps the task
+/// (and the socket) alive for as long as a reply is owed, so a query
+/// abandoned at the client deadline on a server that stopped answering
+/// would otherwise keep its connection open for good.
+pub struct Connection {
+    pub client: Client,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("closed", &self.client.is_closed())
+            .finish()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Connects and spawns the connection's IO task; the task ends when the
 /// server goes away, after which every query on the client fails "closed".
-pub async fn connect(t: &Target) -> Result<Client, ConnectError> {
+///
+/// tokio-postgres's `connect_timeout` bounds only the TCP (or Unix socket)
+/// connect of each host, not the TLS handshake, authentication and
+/// start-up that follow: the caller puts a deadline around the whole call.
+pub async fn connect(t: &Target) -> Result<Connection, ConnectError> {
     // Like libpq, TLS is never used over a Unix-domain socket: the kernel
     // already keeps that traffic on this host.
     if t.ssl_mode == SslMode::Disable || t.host.starts_with('/') {
         let (client, conn) = t.config.connect(tokio_postgres::NoTls).await?;
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let _ = conn.await;
         });
-        return Ok(client);
+        return Ok(Connection { client, task });
     }
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(client_config(t)?);
     let (client, conn) = t.config.connect(tls).await?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let _ = conn.await;
     });
-    Ok(client)
+    Ok(Connection { client, task })
 }

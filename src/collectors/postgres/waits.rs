@@ -36,6 +36,10 @@ pub struct WaitTotals {
     pub seconds: BTreeMap<(String, String), f64>,
     /// Backends waiting in the latest sample, per wait_event_type.
     pub now: BTreeMap<String, u64>,
+    /// Backends whose wait state the role could not see in the latest
+    /// sample (see `queries::waits`); `None` before the first sample of a
+    /// session.
+    pub hidden: Option<u64>,
     last: Option<Instant>,
 }
 
@@ -76,6 +80,7 @@ impl WaitTotals {
     /// they are counters and must not go backwards.
     pub fn pause(&mut self) {
         self.last = None;
+        self.hidden = None;
         for v in self.now.values_mut() {
             *v = 0;
         }

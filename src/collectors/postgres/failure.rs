@@ -1,0 +1,359 @@
+//! Why a connection or a query failed, as a bounded `cause` label, and which
+//! failures to log: the first of a kind, not every repeat.
+//!
+//! | cause            | what happened                                                                   |
+//! |------------------|---------------------------------------------------------------------------------|
+//! | `timeout`        | the server cancelled the statement: SQLSTATE 57014 (statement_timeout) or 55P03 (lock_timeout) |
+//! | `client_timeout` | no answer at all within the client deadline; the connection is dropped         |
+//! | `permission`     | 42501 insufficient_privilege                                                    |
+//! | `undefined`      | 42P01, 42883, 42703: a view, function or column this server does not have        |
+//! | `auth`           | SQLSTATE class 28: authentication or authorization refused at connect           |
+//! | `tls`            | TLS set-up or handshake failed                                                  |
+//! | `connection`     | refused, reset or closed; class 08; 57P01 to 57P03 (server shutting down or starting up) |
+//! | `other`          | anything else                                                                   |
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::tls::{self, ConnectError};
+
+/// The cause label of a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Cause {
+    Timeout,
+    ClientTimeout,
+    Permission,
+    Undefined,
+    Auth,
+    Tls,
+    Connection,
+    Other,
+}
+
+impl Cause {
+    pub fn label(self) -> &'static str {
+        match self {
+            Cause::Timeout => "timeout",
+            Cause::ClientTimeout => "client_timeout",
+            Cause::Permission => "permission",
+            Cause::Undefined => "undefined",
+            Cause::Auth => "auth",
+            Cause::Tls => "tls",
+            Cause::Connection => "connection",
+            Cause::Other => "other",
+        }
+    }
+
+    /// The cause of a SQLSTATE.
+    pub fn of_sqlstate(code: &str) -> Cause {
+        match code {
+            // query_canceled: statement_timeout (also pg_cancel_backend());
+            // lock_not_available: lock_timeout.
+            "57014" | "55P03" => Cause::Timeout,
+            "42501" => Cause::Permission,
+            // undefined_table, undefined_function, undefined_column: a view
+            // or column the server's version does not have.
+            "42P01" | "42883" | "42703" => Cause::Undefined,
+            // admin_shutdown, crash_shutdown, cannot_connect_now.
+            "57P01" | "57P02" | "57P03" => Cause::Connection,
+            c if c.starts_with("28") => Cause::Auth,
+            c if c.starts_with("08") => Cause::Connection,
+            _ => Cause::Other,
+        }
+    }
+
+    /// The cause of a driver error: the server's SQLSTATE, or what the
+    /// client saw (a closed socket, a TLS alert).
+    pub fn of(e: &tokio_postgres::Error) -> Cause {
+        if let Some(db) = e.as_db_error() {
+            return Cause::of_sqlstate(db.code().code());
+        }
+        if e.is_closed() {
+            return Cause::Connection;
+        }
+        let mut src = std::error::Error::source(e);
+        while let Some(inner) = src {
+            if inner.is::<rustls::Error>() {
+                return Cause::Tls;
+            }
+            if let Some(io) = inner.downcast_ref::<std::io::Error>() {
+                // tokio-rustls reports a handshake failure as an io::Error
+                // wrapping the rustls error.
+                if io.get_ref().is_some_and(|e| e.is::<rustls::Error>()) {
+                    return Cause::Tls;
+                }
+                return Cause::Connection;
+            }
+            src = inner.source();
+        }
+        Cause::Other
+    }
+}
+
+/// A failed query: the server's (or the driver's) error, or no answer
+/// within the client deadline.
+#[derive(Debug)]
+pub enum QueryError {
+    Pg(tokio_postgres::Error),
+    NoAnswer(Duration),
+}
+
+impl From<tokio_postgres::Error> for QueryError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        QueryError::Pg(e)
+    }
+}
+
+impl QueryError {
+    pub fn cause(&self) -> Cause {
+        match self {
+            QueryError::Pg(e) => Cause::of(e),
+            QueryError::NoAnswer(_) => Cause::ClientTimeout,
+        }
+    }
+
+    /// True when the session cannot go on: the connection is closed, or the
+    /// server did not answer (the reply to the abandoned query could still
+    /// arrive and be taken for the next one's, so the connection is
+    /// dropped, never reused).
+    pub fn ends_session(&self) -> bool {
+        match self {
+            // A FATAL (or PANIC) error ends the backend: the server closes
+            // the connection right after it (57P01 on a fast shutdown or
+            // pg_terminate_backend()).
+            QueryError::Pg(e) => {
+                e.is_closed()
+                    || e.as_db_error().is_some_and(|db| {
+                        matches!(
+                            db.parsed_severity(),
+                            Some(tokio_postgres::error::Severity::Fatal)
+                                | Some(tokio_postgres::error::Severity::Panic)
+                        )
+                    })
+            }
+            QueryError::NoAnswer(_) => true,
+        }
+    }
+}
+
+impl std::fmt::Display for QueryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueryError::Pg(e) => f.write_str(&tls::describe(e)),
+            QueryError::NoAnswer(d) => write!(
+                f,
+                "no answer from PostgreSQL within {d:?} (statement_timeout plus {:?}): \
+                 the server did not even cancel the statement",
+                super::DEADLINE_MARGIN
+            ),
+        }
+    }
+}
+
+/// A failed connection attempt: refused, not finished in time, or
+/// connected but the session set-up (timeouts, read-only, version) failed.
+#[derive(Debug)]
+pub enum ConnectFailure {
+    Failed(ConnectError),
+    NoAnswer(Duration),
+    SetUp(QueryError),
+}
+
+impl ConnectFailure {
+    pub fn cause(&self) -> Cause {
+        match self {
+            ConnectFailure::Failed(ConnectError::Postgres(e)) => Cause::of(e),
+            ConnectFailure::Failed(ConnectError::Tls(_)) => Cause::Tls,
+            ConnectFailure::NoAnswer(_) => Cause::ClientTimeout,
+            ConnectFailure::SetUp(e) => e.cause(),
+        }
+    }
+}
+
+impl std::fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectFailure::Failed(e) => write!(f, "{e}"),
+            ConnectFailure::NoAnswer(d) => write!(
+                f,
+                "connection not established within {d:?} (connect_timeout per host)"
+            ),
+            ConnectFailure::SetUp(e) => write!(f, "session set-up: {e}"),
+        }
+    }
+}
+
+/// A failure is logged again at most this often while it lasts.
+pub const LOG_REPEAT: Duration = Duration::from_secs(300);
+
+/// What to log about a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Report {
+    /// First failure of this cause: log it.
+    New,
+    /// Still failing with the same cause after [`LOG_REPEAT`]: log it again
+    /// with the number of failures so far.
+    Again { failures: u64 },
+    /// A repeat: stay quiet.
+    Quiet,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    cause: Cause,
+    since: Instant,
+    failures: u64,
+    logged: Instant,
+}
+
+/// The failures going on, per operation (`connect` or a query name), so
+/// that a failure that repeats every scrape is logged once, and its end
+/// once.
+#[derive(Debug, Default)]
+pub struct Failures {
+    open: BTreeMap<&'static str, Open>,
+}
+
+impl Failures {
+    /// Records a failure of `what` and says whether to log it.
+    pub fn failed(&mut self, what: &'static str, cause: Cause, now: Instant) -> Report {
+        match self.open.get_mut(what) {
+            Some(o) if o.cause == cause => {
+                o.failures += 1;
+                if now.saturating_duration_since(o.logged) >= LOG_REPEAT {
+                    o.logged = now;
+                    Report::Again {
+                        failures: o.failures,
+                    }
+                } else {
+                    Report::Quiet
+                }
+            }
+            // Another cause of the same outage: news, but the outage
+            // (and its count) goes on.
+            Some(o) => {
+                o.cause = cause;
+                o.failures += 1;
+                o.logged = now;
+                Report::New
+            }
+            None => {
+                self.open.insert(
+                    what,
+                    Open {
+                        cause,
+                        since: now,
+                        failures: 1,
+                        logged: now,
+                    },
+                );
+                Report::New
+            }
+        }
+    }
+
+    /// Records that a failure of `what` with `cause` was already logged
+    /// under another name (the lost session whose reconnection now fails
+    /// the same way), so its repeats stay quiet.
+    pub fn already_logged(&mut self, what: &'static str, cause: Cause, now: Instant) {
+        self.open.insert(
+            what,
+            Open {
+                cause,
+                since: now,
+                failures: 0,
+                logged: now,
+            },
+        );
+    }
+
+    /// Records a success of `what`. When it was failing: how many times
+    /// and for how long, for one line saying it works again.
+    pub fn succeeded(&mut self, what: &'static str, now: Instant) -> Option<(u64, Duration)> {
+        self.open
+            .remove(what)
+            .map(|o| (o.failures, now.saturating_duration_since(o.since)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_map_to_a_few_causes() {
+        let cases = [
+            ("57014", "timeout"),
+            ("55P03", "timeout"),
+            ("42501", "permission"),
+            ("42P01", "undefined"),
+            ("42883", "undefined"),
+            ("42703", "undefined"),
+            ("28P01", "auth"),
+            ("28000", "auth"),
+            ("08006", "connection"),
+            ("57P01", "connection"),
+            ("57P03", "connection"),
+            ("53300", "other"),
+            ("XX000", "other"),
+        ];
+        for (code, want) in cases {
+            assert_eq!(Cause::of_sqlstate(code).label(), want, "{code}");
+        }
+    }
+
+    #[test]
+    fn repeats_are_quiet_until_the_cause_changes_or_time_passes() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut f = Failures::default();
+        assert_eq!(f.failed("database", Cause::Timeout, t0), Report::New);
+        for i in 1..10 {
+            assert_eq!(
+                f.failed("database", Cause::Timeout, t0 + s * i),
+                Report::Quiet
+            );
+        }
+        // Another query failing is news of its own.
+        assert_eq!(f.failed("waits", Cause::Timeout, t0 + s), Report::New);
+        // Still failing after LOG_REPEAT: said again, with the count.
+        assert_eq!(
+            f.failed("database", Cause::Timeout, t0 + LOG_REPEAT),
+            Report::Again { failures: 11 }
+        );
+        assert_eq!(
+            f.failed("database", Cause::Timeout, t0 + LOG_REPEAT + s),
+            Report::Quiet
+        );
+        // A different cause is news.
+        assert_eq!(
+            f.failed("database", Cause::Permission, t0 + LOG_REPEAT + s * 2),
+            Report::New
+        );
+        assert_eq!(
+            f.succeeded("database", t0 + LOG_REPEAT + s * 5),
+            Some((13, LOG_REPEAT + s * 5)),
+            "the whole outage, whatever its causes"
+        );
+        // Succeeding again without a failure in between says nothing.
+        assert_eq!(f.succeeded("database", t0 + LOG_REPEAT + s * 6), None);
+        assert_eq!(f.succeeded("settings", t0), None);
+    }
+
+    #[test]
+    fn a_failure_logged_elsewhere_stays_quiet() {
+        let t0 = Instant::now();
+        let mut f = Failures::default();
+        f.already_logged("connect", Cause::ClientTimeout, t0);
+        assert_eq!(f.failed("connect", Cause::ClientTimeout, t0), Report::Quiet);
+        assert_eq!(
+            f.failed("connect", Cause::Connection, t0),
+            Report::New,
+            "another cause is news"
+        );
+        assert_eq!(
+            f.succeeded("connect", t0 + Duration::from_secs(4)),
+            Some((2, Duration::from_secs(4)))
+        );
+    }
+}

@@ -64,6 +64,22 @@ proptest! {
             prop_assert!(msg.starts_with("/x.toml:"), "{}", msg);
         }
     }
+
+    /// `--web.config.file` is read again on every SIGHUP: garbage must be a
+    /// refusal naming the file, never a panic.
+    #[test]
+    fn web_config_parser_never_panics_and_errors_name_the_file(t in prop_oneof![
+        ".{0,200}",
+        "(tls_server_config:\n|basic_auth_users:\n)?(  [a-z_]{1,16}: [a-zA-Z0-9/.$ ]{0,20}\n){0,5}",
+    ]) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("web.yml");
+        std::fs::write(&path, &t).unwrap();
+        if let Err(e) = pg_storage_exporter::web_config::load(&path) {
+            let msg = format!("{e:#}");
+            prop_assert!(msg.contains("web.yml"), "{}", msg);
+        }
+    }
 }
 
 #[test]

@@ -569,9 +569,33 @@ fn survives_sigkill_of_the_postmaster() {
     assert_eq!(ex.get("/metrics").0, 200);
     // Backends notice the postmaster's death and exit; then it can start.
     std::thread::sleep(Duration::from_secs(3));
+    let m = ex.metrics();
+    let errors: Vec<(String, f64)> =
+        samples_with(&m, "pgstorage_pg_scrape_errors_total", &["cluster=\"c\""]);
+    eprintln!("while down: {errors:?}");
+    assert!(
+        errors
+            .iter()
+            .any(|(s, v)| s.contains("cause=\"connection\"") && *v >= 1.0),
+        "the outage is counted with its cause: {errors:?}"
+    );
+    assert!(
+        value(&m, "pgstorage_pg_commits_total{cluster=\"c\"}").is_none(),
+        "no stale figures"
+    );
     pg.start_again();
     ex.wait_for("pg_up back to 1", Duration::from_secs(40), |m| {
         pg_up(m) == Some(1.0)
     });
-    assert!(!ex.log().contains("panicked"));
+    let log = ex.log();
+    assert!(!log.contains("panicked"));
+    // One incident: a warning when the connection is lost and none per
+    // failed reconnect attempt; an info line when it is back.
+    let warns: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("level=warn") && l.contains("cluster=c"))
+        .collect();
+    eprintln!("warnings: {warns:#?}");
+    assert!(!warns.is_empty() && warns.len() <= 2, "{warns:#?}");
+    assert!(log.contains("reconnected to PostgreSQL"), "{log}");
 }

@@ -309,6 +309,14 @@ impl ProbeDir {
             use std::io::Write;
             let _ = lock_file.set_len(0);
             let _ = writeln!(lock_file, "{}", std::process::id());
+            // Written back now, while setup writes anyway. Left dirty, the
+            // page would be written back when the lock file, unlinked at
+            // shutdown, is evicted at exit: ext4 (data=ordered) writes a
+            // deleted file's dirty data from the exiting thread, and on a
+            // throttled or saturated disk that write queues behind
+            // everybody else's IO, delaying exit by a whole queue wait
+            // (measured: +7 s at 1 write IOPS behind 6 queued writes).
+            let _ = lock_file.sync_data();
         }
         Ok(ProbeDir {
             path: path.to_path_buf(),

@@ -236,6 +236,19 @@ fn permission_denied_then_granted() {
     stop_clean(ex, &vol);
 }
 
+fn file_errors(m: &str, op: &str, error: &str) -> f64 {
+    sample(
+        m,
+        &format!("pgstorage_probe_errors_total{{volume=\"t\",op=\"{op}\",error=\"{error}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
+
+/// Log lines containing `needle`.
+fn log_lines(ex: &Exporter, needle: &str) -> usize {
+    ex.log().lines().filter(|l| l.contains(needle)).count()
+}
+
 #[test]
 fn probe_directory_deleted_mid_run() {
     let tmp = tempfile::tempdir().unwrap();
@@ -253,6 +266,243 @@ fn probe_directory_deleted_mid_run() {
     let m = ex.metrics();
     assert!(count(&m, "t", "commit") > before);
     assert!(!vol.join("pg-storage-exporter-probe").exists());
+    // Noticed by the periodic name check (every 5 s): counted once per
+    // held file and said once, not on every check after.
+    ex.wait_for("the removal counted", Duration::from_secs(15), |m| {
+        file_errors(m, "commit", "removed") == 1.0 && file_errors(m, "read", "removed") == 1.0
+    });
+    ex.wait_log(
+        "probe directory was removed or moved",
+        Duration::from_secs(10),
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    let m = ex.metrics();
+    assert_eq!(file_errors(&m, "commit", "removed"), 1.0);
+    assert_eq!(log_lines(&ex, "probe directory was removed or moved"), 1);
+    assert!(count(&m, "t", "commit") > before + 10.0, "still probing");
+    assert!(!vol.join("pg-storage-exporter-probe").exists());
     stop_clean(ex, &vol);
     assert_eq!(dir_entries(&vol), Vec::<String>::new());
+}
+
+/// A file outside the probe directory that a followed symlink would let
+/// the exporter write to, with everything a write, truncation or chmod
+/// through the link would change.
+struct Victim {
+    path: std::path::PathBuf,
+    content: Vec<u8>,
+    mtime: std::time::SystemTime,
+    ctime: (i64, i64),
+}
+
+impl Victim {
+    fn new(path: std::path::PathBuf) -> Victim {
+        use std::os::unix::fs::MetadataExt;
+        let content = b"precious: not a probe file\n".repeat(400);
+        std::fs::write(&path, &content).unwrap();
+        // An old mtime, so a write through the link could not go unseen
+        // within the clock's resolution.
+        let old = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        Victim {
+            mtime: m.modified().unwrap(),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            path,
+            content,
+        }
+    }
+
+    fn assert_untouched(&self, when: &str) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(&self.path)
+            .unwrap_or_else(|e| panic!("{when}: the victim {} is gone: {e}", self.path.display()));
+        assert!(m.file_type().is_file(), "{when}: victim still a file");
+        assert_eq!(m.modified().unwrap(), self.mtime, "{when}: victim mtime");
+        assert_eq!(
+            (m.ctime(), m.ctime_nsec()),
+            self.ctime,
+            "{when}: victim ctime"
+        );
+        assert!(
+            std::fs::read(&self.path).unwrap() == self.content,
+            "{when}: victim content"
+        );
+    }
+}
+
+/// Row: a symlink planted at a probe file's name before the exporter
+/// starts. Setup refuses it (ELOOP) without following or removing it, and
+/// goes ahead once an operator removes it.
+#[test]
+fn symlink_planted_before_start_is_refused_never_followed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vol = tmp.path().join("vol");
+    let probe = vol.join("pg-storage-exporter-probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    std::fs::set_permissions(&probe, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let victim = Victim::new(tmp.path().join("victim"));
+    std::os::unix::fs::symlink(&victim.path, probe.join("wal.probe")).unwrap();
+    let ex = Exporter::start(&["--config.file", config(tmp.path(), &vol).to_str().unwrap()]);
+    let m = ex.wait_for("an ELOOP setup error", Duration::from_secs(20), |m| {
+        setup_errors(m, "ELOOP") >= 1.0
+    });
+    assert_eq!(count(&m, "t", "commit"), 0.0);
+    assert_eq!(count(&m, "t", "read"), 0.0);
+    ex.wait_log("wal.probe is a symlink to", Duration::from_secs(10));
+    assert!(
+        probe.join("wal.probe").is_symlink(),
+        "left for the operator to see"
+    );
+    victim.assert_untouched("while refused");
+
+    std::fs::remove_file(probe.join("wal.probe")).unwrap();
+    // The retry (5 s backoff) succeeds once the link is gone.
+    ex.wait_for(
+        "probes after the link was removed",
+        Duration::from_secs(30),
+        |m| count(m, "t", "commit") >= 2.0 && count(m, "t", "read") >= 2.0,
+    );
+    assert!(
+        std::fs::symlink_metadata(probe.join("wal.probe"))
+            .unwrap()
+            .is_file()
+    );
+    victim.assert_untouched("while probing");
+    stop_clean(ex, &vol);
+    assert_eq!(dir_entries(&vol), Vec::<String>::new());
+    assert_eq!(dir_entries(tmp.path()), ["c.toml", "victim", "vol"]);
+    victim.assert_untouched("after SIGTERM");
+}
+
+/// Row: mid-run, a probe file renamed over by a symlink to a file
+/// elsewhere. The held descriptor would keep writing to the unlisted old
+/// inode without any error, so only the periodic name check notices: one
+/// `replaced` error and one log line, the files are closed and set up
+/// again, which refuses the link (ELOOP) until it is removed, then probing
+/// resumes. A link planted right before SIGTERM is unlinked, not followed.
+#[test]
+fn probe_file_replaced_by_symlink_mid_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vol = tmp.path().join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    let probe = vol.join("pg-storage-exporter-probe");
+    let victim = Victim::new(tmp.path().join("victim"));
+    let ex = Exporter::start(&["--config.file", config(tmp.path(), &vol).to_str().unwrap()]);
+    ex.wait_for("probes", Duration::from_secs(20), |m| {
+        count(m, "t", "commit") >= 2.0
+    });
+    let plant = |name: &str| {
+        let tmp_link = probe.join("planted");
+        std::os::unix::fs::symlink(&victim.path, &tmp_link).unwrap();
+        // rename(2) replaces the name atomically: there is no moment without
+        // a wal.probe for an open by name to fail on.
+        std::fs::rename(&tmp_link, probe.join(name)).unwrap();
+    };
+    plant("wal.probe");
+    let m = ex.wait_for("the replacement counted", Duration::from_secs(15), |m| {
+        file_errors(m, "commit", "replaced") >= 1.0
+    });
+    assert_eq!(file_errors(&m, "commit", "replaced"), 1.0);
+    assert_eq!(
+        file_errors(&m, "read", "replaced"),
+        0.0,
+        "read.probe was not touched"
+    );
+    ex.wait_log("probe file removed or replaced", Duration::from_secs(10));
+    ex.wait_for(
+        "the new setup refusing the link",
+        Duration::from_secs(10),
+        |m| setup_errors(m, "ELOOP") >= 1.0,
+    );
+    // No probe while the link is there: nothing writes through it, and
+    // nothing keeps probing the unlisted old file.
+    let stalled = count(&ex.metrics(), "t", "commit");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(count(&ex.metrics(), "t", "commit"), stalled);
+    assert!(probe.join("wal.probe").is_symlink());
+    victim.assert_untouched("while refused");
+
+    std::fs::remove_file(probe.join("wal.probe")).unwrap();
+    ex.wait_log("probe files set up again", Duration::from_secs(20));
+    let m = ex.wait_for(
+        "probes after the link was removed",
+        Duration::from_secs(10),
+        |m| count(m, "t", "commit") >= stalled + 2.0,
+    );
+    assert_eq!(file_errors(&m, "commit", "replaced"), 1.0, "counted once");
+    assert_eq!(
+        log_lines(&ex, "probe file removed or replaced"),
+        1,
+        "said once"
+    );
+    assert!(
+        std::fs::symlink_metadata(probe.join("wal.probe"))
+            .unwrap()
+            .is_file()
+    );
+    victim.assert_untouched("while probing again");
+
+    plant("read.probe");
+    stop_clean(ex, &vol);
+    assert_eq!(dir_entries(&vol), Vec::<String>::new());
+    assert_eq!(dir_entries(tmp.path()), ["c.toml", "victim", "vol"]);
+    victim.assert_untouched("after SIGTERM");
+}
+
+/// Setup that creates the WAL probe file and then fails on the read probe
+/// file (here: the free-space reserve) must not trip over its own WAL file
+/// on the retry (`O_EXCL` creation gave EEXIST on every retry).
+#[test]
+fn setup_failing_after_the_first_file_recovers() {
+    if !loopdev::can_run("the partial-setup fault test", false) {
+        return;
+    }
+    let lv = loopdev::LoopVolume::new(48 << 20, false);
+    let avail = || -> u64 {
+        let out = Command::new("df")
+            .args(["-B1", "--output=avail"])
+            .arg(&lv.mnt)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // Room for the 16 MiB WAL file and the 1 MiB reserve, not for the
+    // 4 MiB read file after it.
+    let filler = lv.mnt.join("filler");
+    std::fs::File::create(&filler).unwrap();
+    let ok = Command::new("fallocate")
+        .args(["-l", &(avail() - (19 << 20)).to_string()])
+        .arg(&filler)
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let tmp = tempfile::tempdir().unwrap();
+    let ex = Exporter::start(&[
+        "--config.file",
+        config(tmp.path(), &lv.mnt).to_str().unwrap(),
+    ]);
+    ex.wait_for("a free-space setup error", Duration::from_secs(20), |m| {
+        setup_errors(m, "free_space_reserve") >= 1.0
+    });
+    ex.wait_log("read.probe", Duration::from_secs(10));
+    std::fs::remove_file(&filler).unwrap();
+    let m = ex.wait_for(
+        "probes after space was freed",
+        Duration::from_secs(30),
+        |m| count(m, "t", "commit") >= 2.0 && count(m, "t", "read") >= 2.0,
+    );
+    assert_eq!(setup_errors(&m, "EEXIST"), 0.0);
+    stop_clean(ex, &lv.mnt);
 }

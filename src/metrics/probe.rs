@@ -68,7 +68,8 @@ impl ProbeMetrics {
         registry.register(
             "pgstorage_probe_errors",
             "Failed probe operations by cause: errno name, short_io, timeout (in flight longer than \
-             the volume's timeout); op=setup: a probe-file setup failure; op=sweep: a failed \
+             the volume's timeout), removed or replaced (the probe's file deleted or replaced \
+             under its name); op=setup: a probe-file setup failure; op=sweep: a failed \
              queue-depth sweep",
             m.errors.clone(),
         );

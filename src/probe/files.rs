@@ -5,6 +5,14 @@
 //! file is opened relative to the directory's descriptor with `O_NOFOLLOW`
 //! so a symlink planted in it can never redirect a write, files are 0600,
 //! a free-space reserve is kept, and everything is removed at shutdown.
+//!
+//! A symlink found at a probe file's name is refused (`ELOOP`), not removed:
+//! only root or the exporter's own user can plant one in a 0700 directory,
+//! so it is a deliberate act (an administrator pointing the probe at another
+//! disk, or worse) that the error metric should show until someone removes
+//! it. Held files are checked against their names ([`ProbeDir::check_name`])
+//! because an open descriptor keeps writing to its inode after the name was
+//! unlinked or renamed over, without any error.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -54,6 +62,19 @@ pub enum SetupError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "{} is a symlink{}; probe files are never opened through a link: remove it",
+        path.display(), target.as_ref().map(|t| format!(" to {}", t.display())).unwrap_or_default()
+    )]
+    Symlink {
+        path: PathBuf,
+        target: Option<PathBuf>,
+    },
+    #[error(
+        "{} was replaced between its creation and its reopening; not probing a file this exporter did not create",
+        path.display()
+    )]
+    Replaced { path: PathBuf },
     #[error("{0}")]
     Engine(#[from] crate::probe::engine::EngineUnavailable),
     #[error("shutting down")]
@@ -68,11 +89,105 @@ impl SetupError {
             SetupError::InUse { .. } => "in_use",
             SetupError::Reserve { .. } => "free_space_reserve",
             SetupError::DirectIoUnsupported { .. } => "no_direct_io",
+            // What O_NOFOLLOW itself answers for a link: an errno the label
+            // set already has.
+            SetupError::Symlink { .. } => "ELOOP",
+            SetupError::Replaced { .. } => "replaced",
             SetupError::Io { source, .. } => errno_name(source.raw_os_error().unwrap_or(0)),
             SetupError::Engine(_) => "io_uring_unavailable",
             SetupError::Stopped => "stopped",
         }
     }
+}
+
+/// What a probe file's name refers to now, compared with the file a probe
+/// thread holds open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameCheck {
+    /// The name still refers to the held file.
+    Same,
+    /// Nothing has the name any more: the file was deleted. The held
+    /// descriptor still works, on an inode no directory lists.
+    Removed,
+    /// The name refers to something else (another file, a symlink, a
+    /// directory): renamed over or deleted and recreated.
+    Replaced,
+}
+
+impl NameCheck {
+    /// Bounded `error` label for `pgstorage_probe_errors_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            NameCheck::Same => "none",
+            NameCheck::Removed => "removed",
+            NameCheck::Replaced => "replaced",
+        }
+    }
+}
+
+/// Device and inode: what makes two descriptors or names the same file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    fn of(st: &libc::stat) -> FileId {
+        FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+        }
+    }
+}
+
+fn fstat(fd: RawFd) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is an open descriptor and st a valid pointer.
+    cvt(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(st)
+}
+
+/// lstat of `name` in `dir`: a symlink is described, never followed.
+fn lstatat(dir: &OwnedFd, name: &str) -> io::Result<libc::stat> {
+    let c = cname(name)?;
+    // SAFETY: an all-zero stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid directory fd, C string and out-pointer.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(st)
+}
+
+fn is_symlink(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFLNK
+}
+
+fn readlinkat(dir: &OwnedFd, name: &str) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let c = cname(name).ok()?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: valid fd and C string; buf is valid for buf.len() bytes.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return None;
+    }
+    buf.truncate(n as usize);
+    Some(PathBuf::from(std::ffi::OsString::from_vec(buf)))
 }
 
 /// An open, locked probe directory.
@@ -101,6 +216,16 @@ impl ProbeDir {
     /// Creates (0700) or opens the probe directory, takes its lock and
     /// removes probe files a crashed run left behind.
     pub fn open(path: &Path) -> Result<ProbeDir, SetupError> {
+        let pd = ProbeDir::open_locked(path)?;
+        pd.remove_stale()?;
+        Ok(pd)
+    }
+
+    /// Creates (0700) or opens the probe directory and takes its lock,
+    /// leaving what is inside for [`ProbeDir::clear`]: the daemon registers
+    /// the directory first, so shutdown cleans it up even while setup is
+    /// refusing what it found there.
+    pub fn open_locked(path: &Path) -> Result<ProbeDir, SetupError> {
         let io_err = |what, source| SetupError::Io {
             what,
             path: path.to_path_buf(),
@@ -154,6 +279,17 @@ impl ProbeDir {
         }
         let lock = openat(&dir, LOCK_FILE, libc::O_RDWR | libc::O_CREAT, 0o600)
             .map_err(|e| io_err("opening lock file in", e))?;
+        // The lock file is opened without O_EXCL (it survives a crash) and is
+        // then truncated: a hard link planted at its name would have that
+        // truncation land in the linked file, wherever else it is listed.
+        let lock_st = fstat(lock.as_raw_fd()).map_err(|e| io_err("stat of lock file in", e))?;
+        if lock_st.st_mode & libc::S_IFMT != libc::S_IFREG || lock_st.st_nlink != 1 {
+            return Err(unsafe_dir(format!(
+                "its {LOCK_FILE} file is not a regular file with a single link ({} links); \
+                 refusing to write into what may be another file: remove it",
+                lock_st.st_nlink
+            )));
+        }
         // SAFETY: lock is a valid open fd.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let e = io::Error::last_os_error();
@@ -173,16 +309,22 @@ impl ProbeDir {
             use std::io::Write;
             let _ = lock_file.set_len(0);
             let _ = writeln!(lock_file, "{}", std::process::id());
+            // Written back now, while setup writes anyway. Left dirty, the
+            // page would be written back when the lock file, unlinked at
+            // shutdown, is evicted at exit: ext4 (data=ordered) writes a
+            // deleted file's dirty data from the exiting thread, and on a
+            // throttled or saturated disk that write queues behind
+            // everybody else's IO, delaying exit by a whole queue wait
+            // (measured: +7 s at 1 write IOPS behind 6 queued writes).
+            let _ = lock_file.sync_data();
         }
-        let pd = ProbeDir {
+        Ok(ProbeDir {
             path: path.to_path_buf(),
             dir,
             _lock: OwnedFd::from(lock_file),
             created,
             closed: AtomicBool::new(false),
-        };
-        pd.remove_stale()?;
-        Ok(pd)
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -191,14 +333,43 @@ impl ProbeDir {
 
     /// Removes probe files of an earlier run: we hold the lock, so whoever
     /// created them is gone.
-    fn remove_stale(&self) -> Result<usize, SetupError> {
-        let mut removed = 0;
+    pub fn remove_stale(&self) -> Result<(), SetupError> {
+        for name in self.clear()? {
+            tracing::info!(file = %self.path.join(name).display(), "removed stale probe file of an earlier run");
+        }
+        Ok(())
+    }
+
+    /// Makes room for new probe files: unlinks whatever regular file (or
+    /// other non-link entry) has a probe file's name, and returns the names
+    /// removed. Called at start and before every new setup of a running
+    /// probe thread, whose old descriptors are closed by then. A symlink is
+    /// refused, and left in place, before anything is removed; unlinking
+    /// never follows a link, so its target is not touched either way.
+    pub fn clear(&self) -> Result<Vec<&'static str>, SetupError> {
+        for name in [WAL_FILE, READ_FILE] {
+            match lstatat(&self.dir, name) {
+                Ok(st) if is_symlink(&st) => {
+                    return Err(SetupError::Symlink {
+                        path: self.path.join(name),
+                        target: readlinkat(&self.dir, name),
+                    });
+                }
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(source) => {
+                    return Err(SetupError::Io {
+                        what: "stat of probe file",
+                        path: self.path.join(name),
+                        source,
+                    });
+                }
+            }
+        }
+        let mut removed = Vec::new();
         for name in [WAL_FILE, READ_FILE] {
             match unlinkat(&self.dir, name) {
-                Ok(()) => {
-                    removed += 1;
-                    tracing::info!(file = %self.path.join(name).display(), "removed stale probe file of an earlier run");
-                }
+                Ok(()) => removed.push(name),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(source) => {
                     return Err(SetupError::Io {
@@ -210,6 +381,36 @@ impl ProbeDir {
             }
         }
         Ok(removed)
+    }
+
+    /// Whether `name` in this directory still refers to `held`. Neither a
+    /// write nor a sync on a descriptor fails when its name was unlinked or
+    /// renamed over: the inode lives on unlisted until the last descriptor
+    /// closes, so a probe thread would keep probing a file nobody can see
+    /// (holding its space) and never notice a file put in its place. Only
+    /// comparing the name's inode with the descriptor's tells.
+    pub fn check_name(&self, name: &str, held: &File) -> io::Result<NameCheck> {
+        let held = FileId::of(&fstat(held.as_raw_fd())?);
+        match lstatat(&self.dir, name) {
+            Ok(st) if FileId::of(&st) == held => Ok(NameCheck::Same),
+            Ok(_) => Ok(NameCheck::Replaced),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(NameCheck::Removed),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the configured path still names this directory (not removed,
+    /// renamed or replaced since it was opened).
+    pub fn at_path(&self) -> io::Result<bool> {
+        let held = FileId::of(&fstat(self.dir.as_raw_fd())?);
+        match std::fs::symlink_metadata(&self.path) {
+            Ok(m) => Ok(FileId {
+                dev: m.dev(),
+                ino: m.ino(),
+            } == held),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Bytes available to this (unprivileged) user on the filesystem.
@@ -238,7 +439,10 @@ impl ProbeDir {
         Ok(())
     }
 
-    fn create(&self, name: &str, size: u64, reserve: u64, fill: Fill) -> Result<(), SetupError> {
+    /// Creates, fills and syncs a probe file; returns the descriptor it was
+    /// created through, so the caller can check that a reopening by name
+    /// found the same file.
+    fn create(&self, name: &str, size: u64, reserve: u64, fill: Fill) -> Result<File, SetupError> {
         let path = self.path.join(name);
         let io_err = |what, source| SetupError::Io {
             what,
@@ -294,7 +498,29 @@ impl ProbeDir {
             let _ = unlinkat(&self.dir, name);
             return Err(SetupError::Stopped);
         }
-        Ok(())
+        Ok(f)
+    }
+
+    /// Opens `name` again with `flags` (O_DSYNC/O_SYNC cannot be added to an
+    /// open descriptor, and the page cache must be dropped before O_DIRECT)
+    /// and checks that it is still the file `created` refers to: between
+    /// the two opens the name could have been renamed over, and the probe
+    /// must only ever write to a file it created itself.
+    fn reopen(
+        &self,
+        name: &str,
+        created: &File,
+        flags: libc::c_int,
+    ) -> io::Result<Result<File, SetupError>> {
+        let f = File::from(openat(&self.dir, name, flags, 0)?);
+        let a = FileId::of(&fstat(created.as_raw_fd())?);
+        let b = FileId::of(&fstat(f.as_raw_fd())?);
+        if a != b {
+            return Ok(Err(SetupError::Replaced {
+                path: self.path.join(name),
+            }));
+        }
+        Ok(Ok(f))
     }
 
     /// Creates the WAL probe file: 16 MiB of zeros written and synced before
@@ -309,28 +535,27 @@ impl ProbeDir {
         method: SyncMethod,
         reserve: u64,
     ) -> Result<File, SetupError> {
-        self.create(WAL_FILE, size, reserve, Fill::Zero)?;
+        let created = self.create(WAL_FILE, size, reserve, Fill::Zero)?;
         let extra = match method {
             SyncMethod::Fdatasync | SyncMethod::Fsync => 0,
             SyncMethod::OpenDatasync => libc::O_DSYNC,
             SyncMethod::OpenSync => libc::O_SYNC,
         };
-        openat(&self.dir, WAL_FILE, libc::O_RDWR | extra, 0)
-            .map(File::from)
+        self.reopen(WAL_FILE, &created, libc::O_RDWR | extra)
             .map_err(|source| SetupError::Io {
                 what: "opening",
                 path: self.path.join(WAL_FILE),
                 source,
-            })
+            })?
     }
 
     /// Creates the read probe file filled with random bytes (zeros would be
     /// compressed away by btrfs/ZFS and never reach the device) and opens it
     /// `O_DIRECT`.
     pub fn create_read_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
-        self.create(READ_FILE, size, reserve, Fill::Random)?;
-        match openat(&self.dir, READ_FILE, libc::O_RDONLY | libc::O_DIRECT, 0) {
-            Ok(fd) => Ok(File::from(fd)),
+        let created = self.create(READ_FILE, size, reserve, Fill::Random)?;
+        match self.reopen(READ_FILE, &created, libc::O_RDONLY | libc::O_DIRECT) {
+            Ok(r) => r,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 let _ = unlinkat(&self.dir, READ_FILE);
                 Err(SetupError::DirectIoUnsupported {
@@ -368,6 +593,11 @@ impl ProbeDir {
                 n == crate::config::PROBE_DIR_NAME || n == crate::check::CHECK_DIR_NAME
             });
         if !ours {
+            return problems;
+        }
+        // Only if the path still names the directory we hold: one that was
+        // moved away leaves someone else's (or nothing) at the path.
+        if !self.at_path().unwrap_or(false) {
             return problems;
         }
         match std::fs::remove_dir(&self.path) {
@@ -539,19 +769,98 @@ mod tests {
         let e = ProbeDir::open(&shared).unwrap_err();
         assert!(e.to_string().contains("mode 777"), "{e}");
 
-        // A symlink planted where a probe file goes is removed as stale,
-        // never followed.
+        // A symlink planted where a probe file goes is refused (ELOOP) and
+        // left in place, never followed; once removed, setup goes ahead.
         let p = tmp.path().join("p2");
         std::fs::create_dir(&p).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
         let victim = tmp.path().join("victim");
         std::fs::write(&victim, b"precious").unwrap();
+        std::fs::write(p.join(READ_FILE), b"stale").unwrap();
         std::os::unix::fs::symlink(&victim, p.join(WAL_FILE)).unwrap();
+        let e = ProbeDir::open(&p).unwrap_err();
+        assert!(matches!(e, SetupError::Symlink { .. }), "{e}");
+        assert_eq!(e.label(), "ELOOP");
+        assert!(e.to_string().contains("victim"), "names the target: {e}");
+        assert!(p.join(WAL_FILE).is_symlink(), "left for the operator");
+        assert!(
+            p.join(READ_FILE).exists(),
+            "nothing removed before refusing"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        std::fs::remove_file(p.join(WAL_FILE)).unwrap();
         let pd = ProbeDir::open(&p).unwrap();
+        assert!(!p.join(READ_FILE).exists(), "stale file removed");
         pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
             .unwrap();
+        // Shutdown unlinks a link planted after setup, not its target.
+        std::fs::remove_file(p.join(WAL_FILE)).unwrap();
+        std::os::unix::fs::symlink(&victim, p.join(WAL_FILE)).unwrap();
+        assert!(pd.remove_all().is_empty());
+        assert!(!p.join(WAL_FILE).is_symlink());
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
-        pd.remove_all();
+    }
+
+    #[test]
+    fn held_files_are_checked_against_their_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("probe");
+        let pd = ProbeDir::open(&p).unwrap();
+        let w = pd
+            .create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
+        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Same);
+        assert!(pd.at_path().unwrap());
+
+        // Renamed over by a symlink: the descriptor still works, on an
+        // inode no directory lists any more.
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::os::unix::fs::symlink(&victim, p.join("planted")).unwrap();
+        std::fs::rename(p.join("planted"), p.join(WAL_FILE)).unwrap();
+        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Replaced);
+        assert_eq!(NameCheck::Replaced.label(), "replaced");
+
+        std::fs::remove_file(p.join(WAL_FILE)).unwrap();
+        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Removed);
+        assert_eq!(NameCheck::Removed.label(), "removed");
+
+        // A new setup of the same directory: clear() makes room (the read
+        // file of the previous setup is ours) and creation succeeds.
+        let r = pd.create_read_file(1 << 20, 0).unwrap();
+        drop((w, r));
+        assert_eq!(pd.clear().unwrap(), vec![READ_FILE]);
+        let w = pd
+            .create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
+        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Same);
+
+        // The directory moved away: names in it still match, the path does not.
+        std::fs::rename(&p, tmp.path().join("moved")).unwrap();
+        assert!(!pd.at_path().unwrap());
+        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Same);
+        assert!(pd.remove_all().is_empty());
+        assert_eq!(
+            std::fs::read_dir(tmp.path().join("moved")).unwrap().count(),
+            0,
+            "files removed through the descriptor"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn a_hard_link_at_the_lock_files_name_is_not_truncated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("probe");
+        std::fs::create_dir(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::hard_link(&victim, p.join(LOCK_FILE)).unwrap();
+        let e = ProbeDir::open(&p).unwrap_err();
+        assert_eq!(e.label(), "unsafe_dir", "{e}");
+        assert!(e.to_string().contains("2 links"), "{e}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     }
 
     #[test]

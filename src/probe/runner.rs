@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crate::config::{BLOCK_SIZE, VolumeConfig, WAL_FILE_SIZE};
 use crate::metrics::probe::ProbeMetrics;
 use crate::probe::engine::Engine;
-use crate::probe::files::{ProbeDir, SetupError, raw};
+use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::state::VolumeState;
 use crate::probe::{IoFailure, Rng};
 use crate::types::Op;
@@ -119,6 +119,7 @@ struct Runner {
 
 struct Prepared {
     engine: Engine,
+    dir: Arc<ProbeDir>,
     wal: Option<File>,
     read: Option<File>,
 }
@@ -126,12 +127,31 @@ struct Prepared {
 const SETUP_BACKOFF_START: Duration = Duration::from_secs(5);
 const SETUP_BACKOFF_MAX: Duration = Duration::from_secs(300);
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
+/// How often the held probe files are compared with their names. Two stat
+/// calls, no data IO; a few seconds bounds how long a replaced or deleted
+/// file goes unnoticed without adding metadata traffic (a GETATTR on NFS)
+/// to every probe.
+const NAME_CHECK_EVERY: Duration = Duration::from_secs(5);
+
+/// What the periodic name check found.
+enum Files {
+    /// Every held file is still listed under its name.
+    Intact,
+    /// The probe directory is no longer at its path (removed or moved).
+    DirGone,
+    /// A probe file's name was removed or now refers to something else:
+    /// (op of the probe using the file, file name, what happened).
+    Changed(Vec<(Op, &'static str, NameCheck)>),
+}
 
 impl Runner {
     fn run(mut self) {
         let Some(mut p) = self.setup_with_retry() else {
             return;
         };
+        let mut next_check = Instant::now() + NAME_CHECK_EVERY;
+        // Once the directory is gone, checking names in it is pointless.
+        let mut dir_gone = false;
         tracing::info!(
             volume = %self.cfg.name,
             probe_dir = %self.cfg.probe_dir.display(),
@@ -182,6 +202,57 @@ impl Runner {
                 next_sweep = Some(Instant::now() + self.cfg.sweep_every);
                 next = Instant::now();
             }
+            if !dir_gone && Instant::now() >= next_check {
+                next_check = Instant::now() + NAME_CHECK_EVERY;
+                match self.check_files(&p) {
+                    Files::Intact => {}
+                    Files::DirGone => {
+                        dir_gone = true;
+                        for op in Self::held_ops(&p) {
+                            self.metrics.error(&self.cfg.name, op.as_str(), "removed");
+                        }
+                        // The open descriptors still reach the same filesystem,
+                        // so the figures stay true. Creating the directory
+                        // again would mean a new lookup of its path, which
+                        // could now lead to another filesystem (the volume
+                        // unmounted under it) or undo an operator's cleanup.
+                        tracing::warn!(
+                            volume = %self.cfg.name,
+                            probe_dir = %self.cfg.probe_dir.display(),
+                            "probe directory was removed or moved: probing goes on with the open \
+                             probe files, whose space is freed at exit; it is not created again \
+                             until the exporter restarts"
+                        );
+                    }
+                    Files::Changed(changed) => {
+                        let mut what = Vec::new();
+                        for (op, name, c) in &changed {
+                            self.metrics.error(&self.cfg.name, op.as_str(), c.label());
+                            what.push(format!("{name} {}", c.label()));
+                        }
+                        tracing::warn!(
+                            volume = %self.cfg.name,
+                            probe_dir = %self.cfg.probe_dir.display(),
+                            files = %what.join(", "),
+                            "probe file removed or replaced under its name: closing the probe \
+                             files and setting them up again (a symlink at a probe file's name \
+                             is refused until it is removed)"
+                        );
+                        // Closes the old descriptors: a deleted file's space
+                        // is freed now, not at exit.
+                        drop(p);
+                        p = match self.setup_with_retry() {
+                            Some(p) => p,
+                            None => break,
+                        };
+                        tracing::info!(volume = %self.cfg.name, "probe files set up again; probing");
+                        wal_block = 0;
+                        next = Instant::now();
+                        next_check = Instant::now() + NAME_CHECK_EVERY;
+                        continue;
+                    }
+                }
+            }
             if p.engine.is_poisoned() {
                 match Engine::new(self.cfg.engine) {
                     Ok((e, _)) => p.engine = e,
@@ -203,6 +274,51 @@ impl Runner {
             }
         }
         tracing::debug!(volume = %self.cfg.name, "probe thread stopped");
+    }
+
+    fn held_ops(p: &Prepared) -> Vec<Op> {
+        let mut ops = Vec::new();
+        if p.wal.is_some() {
+            ops.push(Op::Commit);
+        }
+        if p.read.is_some() {
+            ops.push(Op::Read);
+        }
+        ops
+    }
+
+    /// Compares the held probe files with what their names refer to now. A
+    /// failing stat (the filesystem itself failing) proves nothing about
+    /// the names: the probes' own errors report that.
+    fn check_files(&self, p: &Prepared) -> Files {
+        match p.dir.at_path() {
+            Ok(false) => return Files::DirGone,
+            Ok(true) => {}
+            Err(e) => {
+                tracing::debug!(volume = %self.cfg.name, error = %e, "cannot check the probe directory");
+                return Files::Intact;
+            }
+        }
+        let held = [
+            (Op::Commit, WAL_FILE, p.wal.as_ref()),
+            (Op::Read, READ_FILE, p.read.as_ref()),
+        ];
+        let mut changed = Vec::new();
+        for (op, name, file) in held {
+            let Some(f) = file else { continue };
+            match p.dir.check_name(name, f) {
+                Ok(NameCheck::Same) => {}
+                Ok(c) => changed.push((op, name, c)),
+                Err(e) => {
+                    tracing::debug!(volume = %self.cfg.name, file = name, error = %e, "cannot check probe file");
+                }
+            }
+        }
+        if changed.is_empty() {
+            Files::Intact
+        } else {
+            Files::Changed(changed)
+        }
     }
 
     fn setup_with_retry(&mut self) -> Option<Prepared> {
@@ -234,14 +350,25 @@ impl Runner {
             tracing::info!(volume = %self.cfg.name, reason = %reason, "io_uring unavailable, using the sync (syscall) engine");
         }
         self.state.set_engine(engine.kind());
-        // A retry reuses the directory (and its lock) of the failed attempt.
+        // A retry reuses the directory (and its lock) of the failed attempt,
+        // through its descriptor: files are made again on the filesystem the
+        // directory was opened on. What an earlier attempt or the previous
+        // setup left at the file names is removed first (a symlink refused).
         let dir = match self.state.probe_dir() {
-            Some(d) => d,
+            Some(d) => {
+                for name in d.clear()? {
+                    tracing::debug!(volume = %self.cfg.name, file = name, "removed the previous probe file");
+                }
+                d
+            }
             None => {
-                let d = Arc::new(ProbeDir::open(&self.cfg.probe_dir)?);
+                let d = Arc::new(ProbeDir::open_locked(&self.cfg.probe_dir)?);
                 // Registered before any file exists, so shutdown can remove
-                // files even while this thread is still writing them.
+                // files even while this thread is still writing them, and
+                // before stale files are looked at, so shutdown also cleans
+                // up while setup refuses what it found.
                 self.state.set_probe_dir(d.clone());
+                d.remove_stale()?;
                 d
             }
         };
@@ -266,7 +393,12 @@ impl Runner {
         } else {
             None
         };
-        Ok(Prepared { engine, wal, read })
+        Ok(Prepared {
+            engine,
+            dir,
+            wal,
+            read,
+        })
     }
 
     fn commit_probe(&mut self, engine: &mut Engine, wal: &File, offset: u64) {

@@ -36,6 +36,11 @@ fn ci() -> bool {
 /// Why these tests cannot run here, if they cannot: they need root,
 /// losetup/mkfs.ext4/mount/lsblk and (for throttles) cgroup v1 blkio.
 pub fn unavailable(needs_blkio: bool) -> Option<String> {
+    unavailable_with(needs_blkio, &[])
+}
+
+/// [`unavailable`], also needing the extra command-line `tools`.
+pub fn unavailable_with(needs_blkio: bool, tools: &[&str]) -> Option<String> {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root".into());
@@ -47,7 +52,10 @@ pub fn unavailable(needs_blkio: bool) -> Option<String> {
     {
         return Some(format!("no cgroup v1 blkio throttling at {BLKIO}"));
     }
-    for tool in ["losetup", "mkfs.ext4", "mount", "lsblk"] {
+    for tool in ["losetup", "mkfs.ext4", "mount", "lsblk"]
+        .iter()
+        .chain(tools)
+    {
         let found = Command::new("sh")
             .args(["-c", &format!("command -v {tool}")])
             .output()
@@ -63,7 +71,12 @@ pub fn unavailable(needs_blkio: bool) -> Option<String> {
 /// Returns false (after saying why) when the test should skip; panics
 /// instead under CI, which must not skip silently.
 pub fn can_run(test: &str, needs_blkio: bool) -> bool {
-    match unavailable(needs_blkio) {
+    can_run_with(test, needs_blkio, &[])
+}
+
+/// [`can_run`], also needing the extra command-line `tools` (e.g. `fio`).
+pub fn can_run_with(test: &str, needs_blkio: bool, tools: &[&str]) -> bool {
+    match unavailable_with(needs_blkio, tools) {
         None => true,
         Some(why) => {
             assert!(!ci(), "CI must be able to run {test}: {why}");
@@ -135,6 +148,113 @@ impl LoopVolume {
             format!("{} {value}", self.majmin),
         )
         .unwrap();
+    }
+
+    /// A fault on this device in `group`: throttles and processes started
+    /// inside the group, undone when the [`Fault`] is stopped or dropped.
+    pub fn fault(&self, group: &Path) -> Fault {
+        Fault {
+            majmin: self.majmin.clone(),
+            group: group.to_path_buf(),
+            throttles: Vec::new(),
+            children: Vec::new(),
+        }
+    }
+}
+
+/// Throttles set on a blkio group and processes started inside it (other
+/// writers on the slow disk). Stopping lifts the throttles first, so the
+/// IO the processes have queued drains at once and killing them does not
+/// wait out the queue at the throttled rate (a process exits only when
+/// its IO in flight completes), then kills and reaps them. Drop stops, so a
+/// failing test leaves no throttle and no process behind; declare it after
+/// the exporter it slows down, so that it is dropped first and the
+/// exporter, killed next, is not held by throttled IO either.
+pub struct Fault {
+    majmin: String,
+    group: PathBuf,
+    throttles: Vec<String>,
+    children: Vec<(String, std::process::Child)>,
+}
+
+impl Fault {
+    /// Sets `blkio.throttle.<file>` of the group on the device.
+    pub fn throttle(&mut self, file: &str, value: u64) {
+        std::fs::write(
+            self.group.join(format!("blkio.throttle.{file}")),
+            format!("{} {value}", self.majmin),
+        )
+        .unwrap();
+        self.throttles.push(file.to_string());
+    }
+
+    /// Starts `cmd` inside the group (joined between fork and exec, so even
+    /// its first IO is in it); stdout and stderr go to null unless set.
+    /// Returns its pid.
+    pub fn spawn(&mut self, what: &str, mut cmd: Command) -> u32 {
+        use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(
+            self.group
+                .join("cgroup.procs")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .unwrap();
+        // SAFETY: between fork and exec only async-signal-safe calls are
+        // made (open, write, close), on memory prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // "0" is the writing process itself.
+                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if r < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+        let pid = child.id();
+        self.children.push((what.to_string(), child));
+        pid
+    }
+
+    /// Whether every process started is still running (a writer that died
+    /// early would make the fault milder than the test thinks).
+    pub fn running(&mut self) -> Result<(), String> {
+        for (what, c) in &mut self.children {
+            if let Ok(Some(s)) = c.try_wait() {
+                return Err(format!("{what} exited early: {s}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Lifts the throttles, then kills and reaps the processes.
+    pub fn stop(&mut self) {
+        for file in self.throttles.drain(..) {
+            let _ = std::fs::write(
+                self.group.join(format!("blkio.throttle.{file}")),
+                format!("{} 0", self.majmin),
+            );
+        }
+        for (_, mut c) in self.children.drain(..) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Fault {
+    fn drop(&mut self) {
+        // Never panics: stop ignores every error.
+        self.stop();
     }
 }
 

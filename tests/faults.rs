@@ -506,3 +506,88 @@ fn setup_failing_after_the_first_file_recovers() {
     assert_eq!(setup_errors(&m, "EEXIST"), 0.0);
     stop_clean(ex, &lv.mnt);
 }
+
+/// What ext4 does after an error with `errors=remount-ro` (the Debian and
+/// RHEL default for the root filesystem): the filesystem turns read-only
+/// under the running exporter, with its probe files open. Commit probes
+/// fail with EROFS (counted, logged once), read probes go on, scrapes are
+/// unaffected; the probe files cannot be removed at exit (said so), and once
+/// the filesystem is repaired the next start removes them.
+#[test]
+fn filesystem_turned_read_only_by_an_error_mid_run() {
+    if !loopdev::can_run("the emergency read-only test", false) {
+        return;
+    }
+    let lv = loopdev::LoopVolume::new(64 << 20, false);
+    let sh = |cmd: &str, args: &[&str]| {
+        let out = Command::new(cmd).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let mnt = lv.mnt.to_str().unwrap().to_string();
+    sh("mount", &["-o", "remount,errors=remount-ro", &mnt]);
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), &lv.mnt);
+    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("probes", Duration::from_secs(20), |m| {
+        count(m, "t", "commit") >= 2.0 && count(m, "t", "read") >= 2.0
+    });
+    // ext4's own test hook: records an error exactly as a failed metadata
+    // read would, and errors=remount-ro turns the filesystem read-only.
+    std::fs::write(format!("/sys/fs/ext4/{}/trigger_fs_error", lv.name()), "1").unwrap();
+    let erofs = |m: &str| -> f64 {
+        samples_with(
+            m,
+            "pgstorage_probe_errors_total",
+            &["volume=\"t\"", "error=\"EROFS\""],
+        )
+        .iter()
+        .map(|(_, v)| v)
+        .sum()
+    };
+    let m = ex.wait_for("EROFS errors", Duration::from_secs(20), |m| erofs(m) >= 5.0);
+    let reads = count(&m, "t", "read");
+    let m = ex.wait_for("read probes going on", Duration::from_secs(20), |m| {
+        count(m, "t", "read") > reads + 5.0
+    });
+    assert_eq!(ex.get("/metrics").0, 200);
+    let log = ex.log();
+    let lines = log
+        .lines()
+        .filter(|l| l.contains("probe failed") && l.contains("Read-only file system"))
+        .count();
+    eprintln!("{} EROFS failures, {lines} log line(s)", erofs(&m));
+    assert_eq!(lines, 1, "one line per incident, not per probe:\n{log}");
+
+    ex.signal(libc::SIGTERM);
+    assert!(
+        ex.wait_exit(Duration::from_secs(15)).success(),
+        "{}",
+        ex.log()
+    );
+    let log = ex.log();
+    assert!(
+        log.contains("could not remove probe file"),
+        "the files left behind are named: {log}"
+    );
+    assert!(lv.mnt.join("pg-storage-exporter-probe").exists());
+
+    // Repair as an operator would: unmount, fsck, mount. The next start
+    // removes what the last one could not.
+    sh("umount", &[&mnt]);
+    let fsck = Command::new("e2fsck")
+        .args(["-fy", &lv.dev])
+        .status()
+        .unwrap();
+    assert!(fsck.code().unwrap_or(8) < 4, "e2fsck: {fsck:?}");
+    sh("mount", &[&lv.dev, &mnt]);
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("probes after the repair", Duration::from_secs(20), |m| {
+        count(m, "t", "commit") >= 2.0 && erofs(m) == 0.0
+    });
+    stop_clean(ex, &lv.mnt);
+    assert_eq!(dir_entries(&lv.mnt), vec!["lost+found".to_string()]);
+}

@@ -103,6 +103,7 @@ pub fn spawn(
             stop,
             rng: Rng::seeded(),
             last_error_log: None,
+            failing: [0; 2],
         }
         .run();
     })
@@ -115,6 +116,9 @@ struct Runner {
     stop: Arc<Stop>,
     rng: Rng,
     last_error_log: Option<Instant>,
+    /// Failures in a row of the commit probe (0) and the read probe (1),
+    /// so the first success after them can be said once.
+    failing: [u64; 2],
 }
 
 struct Prepared {
@@ -419,6 +423,7 @@ impl Runner {
                     rec(Op::Sync, s);
                 }
                 rec(Op::Commit, t.commit);
+                self.succeeded(Op::Commit);
             }
             Err(f) => self.failed(f),
         }
@@ -437,6 +442,7 @@ impl Runner {
                 if d < self.cfg.cache_served_threshold {
                     self.metrics.cache_served(&self.cfg.name);
                 }
+                self.succeeded(Op::Read);
             }
             Err(f) => self.failed(f),
         }
@@ -477,7 +483,25 @@ impl Runner {
         }
     }
 
+    fn probe_slot(op: Op) -> usize {
+        match op {
+            Op::Read => 1,
+            Op::Write | Op::Sync | Op::Commit => 0,
+        }
+    }
+
+    /// Ends a run of failures with one line, so the log shows when a fault
+    /// cleared and not only when it began.
+    fn succeeded(&mut self, op: Op) {
+        let slot = &mut self.failing[Self::probe_slot(op)];
+        if *slot > 0 {
+            tracing::info!(volume = %self.cfg.name, probe = %op, failures = *slot, "probe succeeds again");
+            *slot = 0;
+        }
+    }
+
     fn failed(&mut self, f: IoFailure) {
+        self.failing[Self::probe_slot(f.op)] += 1;
         self.metrics
             .error(&self.cfg.name, f.op.as_str(), f.cause.label());
         let now = Instant::now();

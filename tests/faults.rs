@@ -559,7 +559,11 @@ fn filesystem_turned_read_only_by_an_error_mid_run() {
         .lines()
         .filter(|l| l.contains("probe failed") && l.contains("Read-only file system"))
         .count();
-    eprintln!("{} EROFS failures, {lines} log line(s)", erofs(&m));
+    eprintln!(
+        "{} EROFS failures, {lines} log line(s): {:?}",
+        erofs(&m),
+        samples_with(&m, "pgstorage_probe_errors_total", &["error=\"EROFS\""])
+    );
     assert_eq!(lines, 1, "one line per incident, not per probe:\n{log}");
 
     ex.signal(libc::SIGTERM);

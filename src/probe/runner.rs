@@ -9,7 +9,6 @@
 
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -68,18 +67,6 @@ impl Stop {
     }
 }
 
-/// Tells the daemon a probe thread has finished, even if it panicked.
-struct DoneGuard {
-    name: String,
-    tx: Sender<String>,
-}
-
-impl Drop for DoneGuard {
-    fn drop(&mut self) {
-        let _ = self.tx.send(std::mem::take(&mut self.name));
-    }
-}
-
 /// Starts the probe thread of a volume. The thread is named
 /// `probe-<volume>` (truncated by the kernel to 15 bytes) so it can be found
 /// in `top -H` and stack dumps.
@@ -88,14 +75,9 @@ pub fn spawn(
     state: Arc<VolumeState>,
     metrics: ProbeMetrics,
     stop: Arc<Stop>,
-    done: Sender<String>,
 ) -> std::io::Result<JoinHandle<()>> {
     let name = format!("probe-{}", cfg.name);
     std::thread::Builder::new().name(name).spawn(move || {
-        let _guard = DoneGuard {
-            name: cfg.name.clone(),
-            tx: done,
-        };
         Runner {
             cfg,
             state,

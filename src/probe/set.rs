@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
-use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -24,7 +23,6 @@ pub struct VolumeSet {
     roots: Roots,
     metrics: ProbeMetrics,
     stop: Arc<Stop>,
-    done_tx: Mutex<Option<Sender<String>>>,
     /// Per volume: its own stop signal (a reload removes one volume) and
     /// its thread, to wait for it.
     threads: Mutex<HashMap<String, ProbeThread>>,
@@ -46,16 +44,12 @@ pub enum Removed {
 
 impl VolumeSet {
     pub fn new(window: Duration, metrics: ProbeMetrics, roots: Roots) -> Arc<VolumeSet> {
-        // The runner reports its end on a channel; waiting uses the join
-        // handles instead, so nobody reads it.
-        let (tx, _) = mpsc::channel();
         Arc::new(VolumeSet {
             volumes: RwLock::new(Vec::new()),
             window,
             roots,
             metrics,
             stop: Stop::new(),
-            done_tx: Mutex::new(Some(tx)),
             threads: Mutex::new(HashMap::new()),
         })
     }
@@ -101,27 +95,32 @@ impl VolumeSet {
         if let Some(why) = &fs.disk_reason {
             tracing::info!(volume = %cfg.name, reason = %why, "no whole disk for this volume: IO limits cannot be read for it");
         }
-        let tx = self
-            .done_tx
+        // Under the threads lock, which shutdown takes after signalling
+        // stop: either shutdown sees this thread (and waits for it and
+        // removes its files), or this sees the stop and starts nothing.
+        let mut threads = self
+            .threads
             .lock()
-            .ok()
-            .and_then(|t| t.clone())
-            .context("shutting down")?;
+            .map_err(|_| anyhow::anyhow!("probe thread table poisoned"))?;
+        if self.stop.is_stopped() {
+            anyhow::bail!("shutting down");
+        }
         if let Ok(mut v) = self.volumes.write() {
             v.push(state.clone());
         }
         let name = cfg.name.clone();
         let stop = Stop::new();
-        let handle = runner::spawn(cfg, state.clone(), self.metrics.clone(), stop.clone(), tx)
-            .with_context(|| format!("starting the probe thread of volume {name:?}"))?;
-        if let Ok(mut t) = self.threads.lock() {
-            t.insert(name, (stop.clone(), handle));
-        }
-        // A shutdown that began while this thread was starting has already
-        // signalled the others; this one must hear it too.
-        if self.stop.is_stopped() {
-            stop.stop();
-        }
+        let handle = match runner::spawn(cfg, state.clone(), self.metrics.clone(), stop.clone()) {
+            Ok(h) => h,
+            Err(e) => {
+                if let Ok(mut v) = self.volumes.write() {
+                    v.retain(|v| v.name != name);
+                }
+                return Err(e)
+                    .with_context(|| format!("starting the probe thread of volume {name:?}"));
+            }
+        };
+        threads.insert(name, (stop, handle));
         Ok(state)
     }
 
@@ -161,9 +160,6 @@ impl VolumeSet {
     /// abandoned (the process exits around it) and said so in the log.
     pub fn shutdown(&self, timeout: Duration) {
         self.stop.stop();
-        if let Ok(mut t) = self.done_tx.lock() {
-            t.take();
-        }
         let threads: Vec<(String, ProbeThread)> = self
             .threads
             .lock()

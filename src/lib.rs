@@ -11,5 +11,6 @@ pub mod logging;
 pub mod metrics;
 pub mod model;
 pub mod probe;
+pub mod supervisor;
 pub mod types;
 pub mod web_config;

@@ -1,0 +1,447 @@
+//! What the configuration starts, and what a reload (SIGHUP) changes: the
+//! `Supervisor` owns the probe threads (through the [`VolumeSet`]), one
+//! PostgreSQL collector task per cluster and the IO limits task, and on
+//! reload loads the configuration file and `--web.config.file` again and
+//! applies the difference. A file that does not load or validate changes
+//! nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::collectors::limits::LimitsState;
+use crate::collectors::postgres::{ClusterSet, ClusterState};
+use crate::config::{ClusterConfig, Config, FlagOverrides, VolumeConfig};
+use crate::http::auth::AuthSlot;
+use crate::metrics::config::ConfigMetrics;
+use crate::probe::set::{Removed, VolumeSet};
+use crate::web_config::WebSecurity;
+
+/// Where the configuration came from, to load it again on SIGHUP: the same
+/// file and the same flags.
+#[derive(Debug, Clone)]
+pub struct ReloadSource {
+    pub file: Option<PathBuf>,
+    pub flags: FlagOverrides,
+}
+
+/// What a reload of `--web.config.file` swaps: the TLS settings new
+/// handshakes use and the users basic auth checks.
+#[derive(Debug)]
+pub struct WebHandles {
+    pub file: Option<PathBuf>,
+    pub tls: Option<watch::Sender<Arc<rustls::ServerConfig>>>,
+    pub auth: AuthSlot,
+}
+
+pub fn millis(d: Duration) -> u64 {
+    d.as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+/// Owns what the configuration started (probe threads through the
+/// [`VolumeSet`], one collector task per cluster, the limits task) and
+/// changes it on reload.
+#[derive(Debug)]
+pub struct Supervisor {
+    cfg: Config,
+    volumes: Arc<VolumeSet>,
+    clusters: Arc<ClusterSet>,
+    limits_state: Arc<LimitsState>,
+    cluster_tasks: HashMap<String, ClusterTask>,
+    limits_task: Option<JoinHandle<()>>,
+    shutdown_timeout: Arc<AtomicU64>,
+}
+
+#[derive(Debug)]
+struct ClusterTask {
+    state: Arc<ClusterState>,
+    handle: JoinHandle<()>,
+}
+
+/// What a reload changed, for its log line.
+#[derive(Debug, Default)]
+struct Changes {
+    added: Vec<String>,
+    removed: Vec<String>,
+    changed: Vec<String>,
+}
+
+impl Changes {
+    fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+/// Names in `old` and `new` sorted into added, removed and changed.
+fn diff<T>(
+    old: &[T],
+    new: &[T],
+    name: impl Fn(&T) -> &str,
+    same: impl Fn(&T, &T) -> bool,
+) -> Changes {
+    let mut c = Changes::default();
+    for o in old {
+        match new.iter().find(|n| name(n) == name(o)) {
+            None => c.removed.push(name(o).to_string()),
+            Some(n) if !same(o, n) => c.changed.push(name(o).to_string()),
+            Some(_) => {}
+        }
+    }
+    for n in new {
+        if !old.iter().any(|o| name(o) == name(n)) {
+            c.added.push(name(n).to_string());
+        }
+    }
+    c
+}
+
+/// Two cluster configurations connect and collect the same way. The
+/// resolved targets are compared, not only the DSNs as written: a password
+/// read from a password file or a passfile that changed must reconnect.
+fn same_cluster(a: &ClusterConfig, b: &ClusterConfig) -> bool {
+    let (ca, cb) = (&a.collector, &b.collector);
+    ca.name == cb.name
+        && ca.dsn == cb.dsn
+        && ca.password_file == cb.password_file
+        && ca.scrape_interval == cb.scrape_interval
+        && ca.wait_sampling_interval == cb.wait_sampling_interval
+        && ca.statement_timeout == cb.statement_timeout
+        && ca.discover_volumes == cb.discover_volumes
+        && a.target.config == b.target.config
+        && a.target.ssl_mode == b.target.ssl_mode
+        && a.target.ssl_root_cert == b.target.ssl_root_cert
+}
+
+/// Loads `--web.config.file` again, if there is one. Refused, with the
+/// `pgstorage_config_reload_errors_total` cause: a file that does not load,
+/// and one that turns TLS on or off (the listener speaks TLS or plain HTTP
+/// from the start to the end of the process; switching needs a restart).
+async fn load_web(web: &WebHandles) -> Result<Option<WebSecurity>, (&'static str, String)> {
+    let Some(file) = web.file.clone() else {
+        return Ok(None);
+    };
+    let loaded = tokio::task::spawn_blocking(move || crate::web_config::load(&file)).await;
+    let sec = match loaded {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            let unreadable = e.chain().any(|c| c.is::<std::io::Error>());
+            let cause = if unreadable { "unreadable" } else { "invalid" };
+            return Err((cause, format!("{e:#}")));
+        }
+        Err(e) => return Err(("invalid", e.to_string())),
+    };
+    if sec.tls.is_some() != web.tls.is_some() {
+        let what = if web.tls.is_some() { "off" } else { "on" };
+        return Err((
+            "invalid",
+            format!("the web configuration turns TLS {what}: that needs a restart"),
+        ));
+    }
+    Ok(Some(sec))
+}
+
+impl Supervisor {
+    pub fn new(
+        cfg: Config,
+        volumes: Arc<VolumeSet>,
+        clusters: Arc<ClusterSet>,
+        limits_state: Arc<LimitsState>,
+        shutdown_timeout: Arc<AtomicU64>,
+    ) -> Supervisor {
+        Supervisor {
+            cfg,
+            volumes,
+            clusters,
+            limits_state,
+            cluster_tasks: HashMap::new(),
+            limits_task: None,
+            shutdown_timeout,
+        }
+    }
+
+    /// Starts what the configuration names: volumes, cluster collectors,
+    /// the limits collector.
+    pub fn start(&mut self) -> anyhow::Result<()> {
+        for v in &self.cfg.volumes {
+            self.volumes.add(v.clone())?;
+        }
+        for c in self.cfg.clusters.clone() {
+            self.start_cluster(&c);
+        }
+        self.start_limits();
+        Ok(())
+    }
+
+    fn start_cluster(&mut self, c: &ClusterConfig) {
+        let state = ClusterState::new(&c.collector.name, self.cfg.window);
+        self.clusters.add(state.clone());
+        tracing::info!(
+            cluster = %c.collector.name,
+            target = %c.target.display,
+            discover_volumes = c.collector.discover_volumes,
+            "watching PostgreSQL"
+        );
+        let handle = tokio::spawn(crate::collectors::postgres::run(
+            c.collector.clone(),
+            c.target.clone(),
+            state.clone(),
+            self.volumes.clone(),
+            self.cfg.volume_defaults.clone(),
+        ));
+        self.cluster_tasks
+            .insert(c.collector.name.clone(), ClusterTask { state, handle });
+    }
+
+    fn start_limits(&mut self) {
+        if let Some(t) = self.limits_task.take() {
+            t.abort();
+        }
+        self.limits_task = Some(tokio::spawn(crate::collectors::limits::run(
+            self.cfg.limits.clone(),
+            self.volumes.clone(),
+            self.clusters.clone(),
+            self.limits_state.clone(),
+        )));
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout.load(Ordering::Relaxed))
+    }
+
+    /// Stops a cluster's collector (dropping its connection) and forgets
+    /// it. Returns the volumes its discovery added.
+    fn stop_cluster(&mut self, name: &str) -> Vec<String> {
+        let Some(task) = self.cluster_tasks.remove(name) else {
+            return Vec::new();
+        };
+        task.handle.abort();
+        self.clusters.remove(name);
+        task.state
+            .snapshot()
+            .volumes
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect()
+    }
+
+    /// Loads the configuration again and applies the difference. A
+    /// configuration that does not load or validate changes nothing.
+    pub async fn reload(
+        &mut self,
+        source: &ReloadSource,
+        web: &WebHandles,
+        metrics: &ConfigMetrics,
+    ) {
+        let loaded = {
+            let source = source.clone();
+            tokio::task::spawn_blocking(move || {
+                crate::config::load(source.file.as_deref(), &source.flags)
+            })
+            .await
+        };
+        let new = match loaded {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                metrics.refused(e.cause());
+                tracing::error!(error = %e, "configuration reload refused; the running configuration is kept");
+                return;
+            }
+            Err(e) => {
+                metrics.refused("invalid");
+                tracing::error!(error = %e, "configuration reload failed; the running configuration is kept");
+                return;
+            }
+        };
+        if let Some(problem) = crate::config::engine_problem(&new) {
+            metrics.refused("invalid");
+            tracing::error!(error = %problem, "configuration reload refused; the running configuration is kept");
+            return;
+        }
+        // Both files load, or neither is applied.
+        let security = match load_web(web).await {
+            Ok(s) => s,
+            Err((cause, e)) => {
+                metrics.refused(cause);
+                tracing::error!(error = %e, "configuration reload refused; the running configuration is kept");
+                return;
+            }
+        };
+        let mut new = new;
+        if new.window != self.cfg.window {
+            // Every window, summary and mean is sized by it: changing it
+            // means starting over, which a restart says more honestly.
+            tracing::warn!(
+                window = ?self.cfg.window,
+                requested = ?new.window,
+                "window cannot change without a restart; keeping the running value"
+            );
+            new.window = self.cfg.window;
+        }
+        let vols = diff(
+            &self.cfg.volumes,
+            &new.volumes,
+            |v: &VolumeConfig| &v.name,
+            |a, b| a == b,
+        );
+        let defaults_changed = new.volume_defaults != self.cfg.volume_defaults;
+        let mut clus = diff(
+            &self.cfg.clusters,
+            &new.clusters,
+            |c: &ClusterConfig| &c.collector.name,
+            same_cluster,
+        );
+        if defaults_changed {
+            // Discovered volumes carry the defaults: rediscover them all.
+            for c in &new.clusters {
+                let n = &c.collector.name;
+                if self.cluster_tasks.contains_key(n) && !clus.changed.contains(n) {
+                    clus.changed.push(n.clone());
+                }
+            }
+        }
+        self.shutdown_timeout
+            .store(millis(new.shutdown_timeout), Ordering::Relaxed);
+
+        // Clusters first: their discovered volumes go with them.
+        let configured: HashSet<String> = self
+            .cfg
+            .volumes
+            .iter()
+            .chain(new.volumes.iter())
+            .map(|v| v.name.clone())
+            .collect();
+        let mut orphans = Vec::new();
+        for name in clus.removed.iter().chain(clus.changed.iter()) {
+            orphans.extend(self.stop_cluster(name));
+        }
+        let still_used: HashSet<String> = self
+            .cluster_tasks
+            .values()
+            .flat_map(|t| t.state.snapshot().volumes.into_iter().map(|(v, _)| v))
+            .collect();
+        orphans.retain(|v| !configured.contains(v) && !still_used.contains(v));
+        orphans.sort();
+        orphans.dedup();
+        let mut to_remove: Vec<String> = orphans.clone();
+        to_remove.extend(vols.removed.iter().cloned());
+        to_remove.extend(vols.changed.iter().cloned());
+        let timeout = self.timeout();
+        for name in to_remove {
+            let set = self.volumes.clone();
+            let n = name.clone();
+            match tokio::task::spawn_blocking(move || set.remove(&n, timeout)).await {
+                Ok(Removed::Clean | Removed::Abandoned) => {
+                    tracing::info!(volume = %name, "volume stopped by the reload")
+                }
+                Ok(Removed::Unknown) => {}
+                Err(e) => tracing::error!(volume = %name, error = %e, "stopping the volume failed"),
+            }
+        }
+        let old = std::mem::replace(&mut self.cfg, new);
+        for v in self.cfg.volumes.clone() {
+            if vols.added.contains(&v.name) || vols.changed.contains(&v.name) {
+                let set = self.volumes.clone();
+                let name = v.name.clone();
+                match tokio::task::spawn_blocking(move || set.add(v)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")
+                    }
+                    Err(e) => {
+                        tracing::error!(volume = %name, error = %e, "cannot start the volume")
+                    }
+                }
+            }
+        }
+        for c in self.cfg.clusters.clone() {
+            let n = &c.collector.name;
+            if clus.added.contains(n) || clus.changed.contains(n) {
+                self.start_cluster(&c);
+            }
+        }
+        let limits_changed = old.limits != self.cfg.limits;
+        if limits_changed {
+            self.start_limits();
+        }
+        if let Some(sec) = security {
+            if let (Some(tx), Some(cfg)) = (&web.tls, sec.tls) {
+                tx.send_replace(cfg);
+            }
+            if let Ok(mut a) = web.auth.write() {
+                *a = sec.basic_auth.clone();
+            }
+            tracing::info!(
+                tls = web.tls.is_some(),
+                tls_min_version = sec.tls_min_version.map(|v| v.as_str()),
+                basic_auth = sec.basic_auth.is_some(),
+                basic_auth_users = sec.basic_auth.as_ref().map(|a| a.users()),
+                "web configuration reloaded"
+            );
+        }
+        metrics.reloaded();
+        if vols.is_empty()
+            && clus.is_empty()
+            && !limits_changed
+            && old.shutdown_timeout == self.cfg.shutdown_timeout
+        {
+            tracing::info!("configuration reloaded: nothing changed");
+        } else {
+            tracing::info!(
+                volumes_added = ?vols.added,
+                volumes_removed = ?vols.removed,
+                volumes_changed = ?vols.changed,
+                discovered_volumes_removed = ?orphans,
+                clusters_added = ?clus.added,
+                clusters_removed = ?clus.removed,
+                clusters_changed = ?clus.changed,
+                limits_changed,
+                shutdown_timeout = ?self.cfg.shutdown_timeout,
+                "configuration reloaded"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(old: &[(&str, u32)], new: &[(&str, u32)]) -> (Vec<String>, Vec<String>, Vec<String>) {
+        let c = diff(old, new, |x: &(&str, u32)| x.0, |a, b| a.1 == b.1);
+        (c.added, c.removed, c.changed)
+    }
+
+    #[test]
+    fn diff_sorts_names_into_added_removed_changed() {
+        let (added, removed, changed) = d(
+            &[("a", 1), ("b", 1), ("c", 1)],
+            &[("b", 1), ("c", 2), ("d", 1)],
+        );
+        assert_eq!(added, vec!["d"]);
+        assert_eq!(removed, vec!["a"]);
+        assert_eq!(changed, vec!["c"]);
+    }
+
+    #[test]
+    fn diff_of_equal_lists_is_empty_whatever_the_order() {
+        let c = diff(
+            &[("a", 1), ("b", 2)],
+            &[("b", 2), ("a", 1)],
+            |x: &(&str, u32)| x.0,
+            |a, b| a.1 == b.1,
+        );
+        assert!(c.is_empty(), "{c:?}");
+    }
+
+    #[test]
+    fn diff_from_and_to_nothing() {
+        assert_eq!(d(&[], &[("a", 1)]).0, vec!["a"]);
+        assert_eq!(d(&[("a", 1)], &[]).1, vec!["a"]);
+        assert!(diff::<(&str, u32)>(&[], &[], |x| x.0, |a, b| a == b).is_empty());
+    }
+}

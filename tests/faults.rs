@@ -145,14 +145,7 @@ fn read_only_filesystem_then_remounted_read_write() {
         return;
     }
     let lv = loopdev::LoopVolume::new(64 << 20, false);
-    assert!(
-        Command::new("mount")
-            .args(["-o", "remount,ro"])
-            .arg(&lv.mnt)
-            .status()
-            .unwrap()
-            .success()
-    );
+    sh("mount", &["-o", "remount,ro", lv.mnt.to_str().unwrap()]);
     let tmp = tempfile::tempdir().unwrap();
     let ex = Exporter::start(&[
         "--config.file",
@@ -163,14 +156,7 @@ fn read_only_filesystem_then_remounted_read_write() {
     });
     ex.wait_log("Read-only file system", Duration::from_secs(10));
     assert_eq!(ex.get("/metrics").0, 200);
-    assert!(
-        Command::new("mount")
-            .args(["-o", "remount,rw"])
-            .arg(&lv.mnt)
-            .status()
-            .unwrap()
-            .success()
-    );
+    sh("mount", &["-o", "remount,rw", lv.mnt.to_str().unwrap()]);
     ex.wait_for("probes after remount", Duration::from_secs(30), |m| {
         count(m, "t", "commit") >= 2.0
     });
@@ -519,14 +505,6 @@ fn filesystem_turned_read_only_by_an_error_mid_run() {
         return;
     }
     let lv = loopdev::LoopVolume::new(64 << 20, false);
-    let sh = |cmd: &str, args: &[&str]| {
-        let out = Command::new(cmd).args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let mnt = lv.mnt.to_str().unwrap().to_string();
     sh("mount", &["-o", "remount,errors=remount-ro", &mnt]);
     let tmp = tempfile::tempdir().unwrap();

@@ -97,16 +97,6 @@ fn hung_sync_is_visible_and_shutdown_still_removes_files() {
     }
 }
 
-/// Threads of process `pid` (`Threads:` of /proc/PID/status).
-fn threads(pid: u32) -> u32 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
-}
-
 /// fio's queue depth: how many writes other writers keep queued on the
 /// slow disk. blk-throttle dispatches a group's writes in arrival order at
 /// the capped rate, so each of the probe's IOs waits behind about this many

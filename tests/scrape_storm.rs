@@ -19,15 +19,6 @@ use common::*;
 const SCRAPERS: usize = 200;
 const STORM: Duration = Duration::from_secs(5);
 
-fn threads(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
-}
-
 #[test]
 fn two_hundred_concurrent_scrapers_get_complete_answers_and_probes_go_on() {
     let dir = tempfile::tempdir().unwrap();

@@ -192,31 +192,7 @@ impl Fault {
     /// its first IO is in it); stdout and stderr go to null unless set.
     /// Returns its pid.
     pub fn spawn(&mut self, what: &str, mut cmd: Command) -> u32 {
-        use std::os::unix::process::CommandExt;
-        let procs = std::ffi::CString::new(
-            self.group
-                .join("cgroup.procs")
-                .into_os_string()
-                .into_encoded_bytes(),
-        )
-        .unwrap();
-        // SAFETY: between fork and exec only async-signal-safe calls are
-        // made (open, write, close), on memory prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // "0" is the writing process itself.
-                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if r < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        crate::common::join_cgroup_before_exec(&mut cmd, &self.group.join("cgroup.procs"));
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {what}: {e}"));

@@ -45,25 +45,7 @@ impl Exporter {
     ) -> Exporter {
         let mut cmd = Command::new(BIN);
         if let Some(procs) = cgroup_procs {
-            use std::os::unix::process::CommandExt;
-            let path = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
-            // SAFETY: between fork and exec only async-signal-safe calls are
-            // made (open, write, close), on memory prepared before the fork.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    // "0" is the writing process itself.
-                    let r = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if r < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            join_cgroup_before_exec(&mut cmd, procs);
         }
         cmd.args(args);
         for (k, v) in env {
@@ -274,4 +256,49 @@ pub fn fast_probe_args(name_path: &str) -> Vec<String> {
         "--probe.free-space-reserve".into(),
         "0".into(),
     ]
+}
+
+/// Threads of process `pid` (`Threads:` of /proc/PID/status).
+pub fn threads(pid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+/// Runs a command that must succeed (mount, umount, chmod, ...).
+pub fn sh(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Makes the child write itself into the cgroup `procs` file (a v1 or v2
+/// `cgroup.procs`) between fork and exec, so that even its first IO is
+/// accounted and throttled there.
+pub fn join_cgroup_before_exec(cmd: &mut Command, procs: &Path) {
+    use std::os::unix::process::CommandExt;
+    let path = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: between fork and exec only async-signal-safe calls are made
+    // (open, write, close), on memory prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // "0" is the writing process itself.
+            let r = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if r < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }

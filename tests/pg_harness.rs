@@ -5,6 +5,7 @@
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
 #[path = "common/pg.rs"]
 mod pg;
 

@@ -21,18 +21,6 @@ fn run(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Same rule as tests/common/pg.rs: set, and not empty, 0 or false.
-fn ci() -> bool {
-    match std::env::var("CI") {
-        Ok(v) => {
-            let v = v.trim();
-            !(v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false"))
-        }
-        Err(std::env::VarError::NotPresent) => false,
-        Err(std::env::VarError::NotUnicode(_)) => true,
-    }
-}
-
 /// Why these tests cannot run here, if they cannot: they need root,
 /// losetup/mkfs.ext4/mount/lsblk and (for throttles) cgroup v1 blkio.
 pub fn unavailable(needs_blkio: bool) -> Option<String> {
@@ -79,7 +67,7 @@ pub fn can_run_with(test: &str, needs_blkio: bool, tools: &[&str]) -> bool {
     match unavailable_with(needs_blkio, tools) {
         None => true,
         Some(why) => {
-            assert!(!ci(), "CI must be able to run {test}: {why}");
+            assert!(!crate::common::ci(), "CI must be able to run {test}: {why}");
             eprintln!("SKIPPED {test}: {why}");
             false
         }

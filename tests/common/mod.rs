@@ -302,3 +302,17 @@ pub fn join_cgroup_before_exec(cmd: &mut Command, procs: &Path) {
         });
     }
 }
+
+/// True when the environment variable `CI` is set to something other than
+/// empty, `0` or `false`: then a test that cannot run here fails instead
+/// of skipping.
+pub fn ci() -> bool {
+    match std::env::var("CI") {
+        Ok(v) => {
+            let v = v.trim();
+            !(v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false"))
+        }
+        Err(std::env::VarError::NotPresent) => false,
+        Err(std::env::VarError::NotUnicode(_)) => true,
+    }
+}

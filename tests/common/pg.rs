@@ -321,22 +321,9 @@ fn lookup_user(name: &str) -> Option<(u32, u32, PathBuf)> {
     Some((pwd.pw_uid, pwd.pw_gid, home))
 }
 
-/// True when the environment variable `CI` is set to something other than
-/// empty, `0` or `false`.
-pub fn ci() -> bool {
-    match std::env::var("CI") {
-        Ok(v) => {
-            let v = v.trim();
-            !(v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false"))
-        }
-        Err(std::env::VarError::NotPresent) => false,
-        Err(std::env::VarError::NotUnicode(_)) => true,
-    }
-}
-
 /// `None` after "SKIPPED: why" outside CI; a panic in CI.
 fn unavailable(why: &str) -> Option<PgServer> {
-    if ci() {
+    if crate::common::ci() {
         panic!("PostgreSQL test server unavailable and CI is set (CI must not skip): {why}");
     }
     eprintln!("SKIPPED: {why}");

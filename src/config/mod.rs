@@ -325,17 +325,19 @@ pub fn build(
     for (i, v) in raw.volume.iter().enumerate() {
         volumes.push(volume_from_file(i, v, &defaults, &at)?);
     }
+    // One validated "[defaults] + --probe.* flags" for --probe.path volumes
+    // and discovered volumes alike, so a bad flag is refused whichever of
+    // them it would reach.
+    let flagged = flag_settings(&defaults, flags, &at)?;
     for spec in &flags.probe_paths {
-        volumes.push(volume_from_flag(spec, &defaults, flags, &at)?);
+        volumes.push(volume_from_flag(spec, &flagged)?);
     }
     // The embedded default volume only when nothing else says what to probe:
     // with clusters, discovery does.
     if volumes.is_empty() && clusters.is_empty() {
         let mut v = volume_from_flag(
             &format!("{DEFAULT_VOLUME_NAME}={DEFAULT_VOLUME_PATH}"),
-            &defaults,
-            flags,
-            &at,
+            &flagged,
         )?;
         v.name = DEFAULT_VOLUME_NAME.to_string();
         volumes.push(v);
@@ -383,26 +385,17 @@ pub fn build(
         }
     }
 
-    let base = settings(
-        &|field, _vol, span, message| ConfigError::Invalid {
-            origin: at(span),
-            key: format!("defaults.{field}"),
-            message,
-        },
-        &RawVolumeDefaults::default(),
-        &defaults,
-    )?;
     // Discovered volumes take [defaults], then the --probe.* flags, like
     // --probe.path volumes (their sync method follows the cluster instead).
     let volume_defaults = VolumeDefaults {
-        interval: flags.interval.unwrap_or(base.interval),
-        timeout: base.timeout,
-        read_file_size: flags.read_file_size.unwrap_or(base.read_file_size),
-        free_space_reserve: flags.free_space_reserve.unwrap_or(base.free_space_reserve),
-        engine: flags.engine.unwrap_or(base.engine),
-        cache_served_threshold: base.cache_served_threshold,
-        sweep_every: base.sweep_every,
-        sweep_duration: base.sweep_duration,
+        interval: flagged.interval,
+        timeout: flagged.timeout,
+        read_file_size: flagged.read_file_size,
+        free_space_reserve: flagged.free_space_reserve,
+        engine: flagged.engine,
+        cache_served_threshold: flagged.cache_served_threshold,
+        sweep_every: flagged.sweep_every,
+        sweep_duration: flagged.sweep_duration,
     };
     if !clusters.is_empty() {
         let samples = window.as_secs_f64() / volume_defaults.interval.as_secs_f64().max(1e-9);
@@ -602,6 +595,7 @@ fn clusters(
 }
 
 /// Settings a volume takes from `[defaults]` unless it sets its own.
+#[derive(Debug, Clone)]
 struct Settings {
     commit_probe: bool,
     read_probe: bool,
@@ -879,25 +873,12 @@ fn finish(name: String, path: PathBuf, probe_dir: PathBuf, s: Settings) -> Volum
     }
 }
 
-fn volume_from_flag(
-    spec: &str,
+/// `[defaults]` with the `--probe.*` flags on top, each flag checked.
+fn flag_settings(
     d: &RawVolumeDefaults,
     flags: &FlagOverrides,
     at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
-) -> Result<VolumeConfig, ConfigError> {
-    const FLAG: &str = "--probe.path";
-    let flag_err = |message: String| ConfigError::Invalid {
-        origin: Origin::Flag(FLAG),
-        key: spec.to_string(),
-        message,
-    };
-    let (name, path) = split_name(spec);
-    let path = resolve_dir(Path::new(path)).map_err(&flag_err)?;
-    let name = match name {
-        Some(n) => n.to_string(),
-        None => default_name(&path),
-    };
-    validate_name(&name).map_err(|m| flag_err(format!("{m} (write NAME=PATH to choose one)")))?;
+) -> Result<Settings, ConfigError> {
     let empty = RawVolumeDefaults::default();
     let mut s = settings(
         &|field, _vol, span, message| ConfigError::Invalid {
@@ -935,9 +916,26 @@ fn volume_from_flag(
     if let Some(b) = flags.free_space_reserve {
         s.free_space_reserve = b;
     }
+    Ok(s)
+}
+
+fn volume_from_flag(spec: &str, s: &Settings) -> Result<VolumeConfig, ConfigError> {
+    const FLAG: &str = "--probe.path";
+    let flag_err = |message: String| ConfigError::Invalid {
+        origin: Origin::Flag(FLAG),
+        key: spec.to_string(),
+        message,
+    };
+    let (name, path) = split_name(spec);
+    let path = resolve_dir(Path::new(path)).map_err(&flag_err)?;
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => default_name(&path),
+    };
+    validate_name(&name).map_err(|m| flag_err(format!("{m} (write NAME=PATH to choose one)")))?;
     let probe_dir = path.join(PROBE_DIR_NAME);
     check_probe_dir(&path, &probe_dir).map_err(flag_err)?;
-    Ok(finish(name, path, probe_dir, s))
+    Ok(finish(name, path, probe_dir, s.clone()))
 }
 
 /// Splits `NAME=PATH`. A prefix counts as a name only when it contains no

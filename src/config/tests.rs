@@ -256,3 +256,38 @@ fn refuses_to_probe_inside_a_data_directory() {
     };
     assert!(build(None, RawConfig::default(), &flags).is_ok());
 }
+
+#[test]
+fn probe_flags_are_checked_and_applied_for_discovered_volumes_too() {
+    // With only a cluster, the --probe.* flags reach the discovered volumes
+    // alone; a bad one must be refused all the same.
+    let dsn = || vec!["host=127.0.0.1 port=5432 user=mon dbname=postgres".to_string()];
+    let flags = FlagOverrides {
+        pg_dsns: dsn(),
+        read_file_size: Some(1024),
+        ..Default::default()
+    };
+    let e = build(None, RawConfig::default(), &flags)
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("flag --probe.read-file-size: 1024:"), "{e}");
+    let flags = FlagOverrides {
+        pg_dsns: dsn(),
+        interval: Some(Duration::ZERO),
+        ..Default::default()
+    };
+    let e = build(None, RawConfig::default(), &flags)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, "flag --probe.interval: 0ns: out of range: use 1ms to 1h");
+    let flags = FlagOverrides {
+        pg_dsns: dsn(),
+        interval: Some(Duration::from_millis(250)),
+        engine: Some(EngineChoice::Sync),
+        ..Default::default()
+    };
+    let c = build(None, RawConfig::default(), &flags).unwrap();
+    assert!(c.volumes.is_empty());
+    assert_eq!(c.volume_defaults.interval, Duration::from_millis(250));
+    assert_eq!(c.volume_defaults.engine, EngineChoice::Sync);
+}

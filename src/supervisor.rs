@@ -19,7 +19,7 @@ use crate::collectors::postgres::{ClusterSet, ClusterState};
 use crate::config::{ClusterConfig, Config, FlagOverrides, VolumeConfig};
 use crate::http::auth::AuthSlot;
 use crate::metrics::config::ConfigMetrics;
-use crate::probe::set::{Removed, VolumeSet};
+use crate::probe::set::VolumeSet;
 use crate::web_config::WebSecurity;
 
 /// Where the configuration came from, to load it again on SIGHUP: the same
@@ -335,10 +335,8 @@ impl Supervisor {
             let set = self.volumes.clone();
             let n = name.clone();
             match tokio::task::spawn_blocking(move || set.remove(&n, timeout)).await {
-                Ok(Removed::Clean | Removed::Abandoned) => {
-                    tracing::info!(volume = %name, "volume stopped by the reload")
-                }
-                Ok(Removed::Unknown) => {}
+                Ok(true) => tracing::info!(volume = %name, "volume stopped by the reload"),
+                Ok(false) => {}
                 Err(e) => tracing::error!(volume = %name, error = %e, "stopping the volume failed"),
             }
         }

@@ -31,17 +31,6 @@ pub struct VolumeSet {
 /// A running probe thread: its own stop signal and its handle.
 type ProbeThread = (Arc<Stop>, JoinHandle<()>);
 
-/// How [`VolumeSet::remove`] ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Removed {
-    /// The thread stopped and the probe files are gone.
-    Clean,
-    /// The thread is stuck in IO and was abandoned; its files are gone.
-    Abandoned,
-    /// No such volume.
-    Unknown,
-}
-
 impl VolumeSet {
     pub fn new(window: Duration, metrics: ProbeMetrics, roots: Roots) -> Arc<VolumeSet> {
         Arc::new(VolumeSet {
@@ -127,17 +116,16 @@ impl VolumeSet {
     /// Stops one volume's probe thread, waits at most `timeout` for it,
     /// removes its probe files and its series. Used by a configuration
     /// reload; the same rules as [`VolumeSet::shutdown`] apply to a thread
-    /// stuck in IO.
-    pub fn remove(&self, name: &str, timeout: Duration) -> Removed {
+    /// stuck in IO (it is abandoned, and said so). False when there is no
+    /// such volume.
+    pub fn remove(&self, name: &str, timeout: Duration) -> bool {
         let entry = self.threads.lock().ok().and_then(|mut t| t.remove(name));
         let Some(state) = self.list().into_iter().find(|v| v.name == name) else {
-            return Removed::Unknown;
+            return false;
         };
-        let mut outcome = Removed::Clean;
         if let Some((stop, handle)) = entry {
             stop.stop();
             if !join_until(handle, Instant::now() + timeout) {
-                outcome = Removed::Abandoned;
                 abandon(&state);
             }
         }
@@ -146,7 +134,7 @@ impl VolumeSet {
             v.retain(|v| v.name != name);
         }
         self.metrics.remove_volume(name);
-        outcome
+        true
     }
 
     /// Counts probes stuck past their timeout (the watchdog's tick).

@@ -2,7 +2,10 @@
 //!
 //! Unlike the daemon (one probe per interval, cheap enough to run forever),
 //! `check` probes back to back at queue depth 1, like fio with one job:
-//! first commit probes for half the duration, then read probes. Latencies
+//! first commit probes for half the duration, then read probes. These are
+//! the busy figures. The last seconds of the commit half are a few lone
+//! commits, each after a pause: what a commit costs on a quiet server (on
+//! virtual machines often several times the busy figure). Latencies
 //! go into HDR histograms (3 significant digits, bounded memory for any
 //! duration).
 
@@ -27,6 +30,13 @@ use crate::types::{EngineChoice, EngineKind, SyncMethod};
 /// Probe directory name used by `check`, distinct from the daemon's so a
 /// check can run beside a running exporter.
 pub const CHECK_DIR_NAME: &str = "pg-storage-exporter-check";
+
+/// The idle time before each lone commit. The after-idle cost grows with the
+/// pause and levels off within about 50 ms on the build machine; 250 ms is
+/// well past that and keeps eight of them within two seconds.
+pub const AFTER_IDLE_PAUSE: Duration = Duration::from_millis(250);
+/// Lone commits at most; fewer when the commit half is short.
+const AFTER_IDLE_COMMITS: u32 = 8;
 
 #[derive(Debug, Clone)]
 pub struct CheckOptions {
@@ -59,6 +69,10 @@ pub struct Report {
     pub sync: Option<OpStats>,
     pub commit: Option<OpStats>,
     pub read: Option<OpStats>,
+    /// Lone commits, each after [`AFTER_IDLE_PAUSE`] of idle.
+    pub after_idle_commit: Option<OpStats>,
+    /// The pause before each of them, in seconds.
+    pub after_idle_pause_seconds: f64,
     pub errors: Vec<String>,
     pub reads_total: u64,
     pub cache_served_reads: u64,
@@ -173,6 +187,8 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         sync: observed.sync,
         commit,
         read: observed.read,
+        after_idle_commit: stats(&m.after_idle_commit),
+        after_idle_pause_seconds: AFTER_IDLE_PAUSE.as_secs_f64(),
         errors: m.errors,
         reads_total: observed.reads_total,
         cache_served_reads: m.cache_served,
@@ -191,6 +207,7 @@ struct Measured {
     sync: Histogram<u64>,
     commit: Histogram<u64>,
     read: Histogram<u64>,
+    after_idle_commit: Histogram<u64>,
     cache_served: u64,
     errors: Vec<String>,
     elapsed: Duration,
@@ -203,6 +220,7 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
         sync: new_hist()?,
         commit: new_hist()?,
         read: new_hist()?,
+        after_idle_commit: new_hist()?,
         cache_served: 0,
         errors: Vec::new(),
         elapsed: Duration::ZERO,
@@ -224,9 +242,13 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
     if opts.commit {
         let wal = dir.create_wal_file(WAL_FILE_SIZE, opts.sync_method, opts.free_space_reserve)?;
         let blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
+        // Lone commits take at most half of the commit half.
+        let lone = AFTER_IDLE_COMMITS
+            .min((phase / 2).as_millis() as u32 / AFTER_IDLE_PAUSE.as_millis() as u32);
+        let busy_phase = phase.saturating_sub(AFTER_IDLE_PAUSE * lone);
         let t0 = Instant::now();
         let mut block = 0u64;
-        while t0.elapsed() < phase && !stopped() {
+        while t0.elapsed() < busy_phase && !stopped() {
             match engine.commit(raw(&wal), block * BLOCK_SIZE as u64, opts.sync_method) {
                 Ok(t) => {
                     record(&mut m.write, t.write);
@@ -241,6 +263,17 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
             if engine.is_poisoned() {
                 bail!("the IO engine failed; see errors above");
             }
+        }
+        for _ in 0..lone {
+            if stopped() {
+                break;
+            }
+            std::thread::sleep(AFTER_IDLE_PAUSE);
+            match engine.commit(raw(&wal), block * BLOCK_SIZE as u64, opts.sync_method) {
+                Ok(t) => record(&mut m.after_idle_commit, t.commit),
+                Err(f) => note_error(f.to_string(), &mut m.errors),
+            }
+            block = (block + 1) % blocks;
         }
         probing += t0.elapsed();
     }
@@ -395,6 +428,16 @@ pub fn render_text(r: &Report) -> String {
         _ => {
             let _ = writeln!(o, "  commit ceiling: not measured");
         }
+    }
+    if let Some(a) = r.after_idle_commit {
+        let _ = writeln!(
+            o,
+            "  after a pause: a lone commit after {} idle waits {} (p50 of {}; max {}); the table\n    above is back to back, what commits cost while the storage is busy",
+            fmt_seconds(r.after_idle_pause_seconds),
+            fmt_seconds(a.p50),
+            a.count,
+            fmt_seconds(a.max)
+        );
     }
     if r.reads_total > 0 {
         let _ = writeln!(

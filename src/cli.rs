@@ -78,6 +78,13 @@ pub struct Cli {
     #[arg(long = "probe.interval", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Option<Duration>,
 
+    /// Time between bursts for the busy figure, for --probe.path volumes
+    /// (default 30s; 0s turns bursts off). Each burst is 24 back-to-back
+    /// commit probes and 64 reads; the second half of each is the busy
+    /// figure.
+    #[arg(long = "probe.busy-every", value_parser = parse_duration, value_name = "DURATION")]
+    pub busy_every: Option<Duration>,
+
     /// Size of the read probe file for --probe.path volumes (e.g. 64MiB).
     #[arg(long = "probe.read-file-size", value_parser = parse_bytes, value_name = "SIZE")]
     pub read_file_size: Option<u64>,

@@ -119,14 +119,15 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+use crate::types::{Op, Phase};
+
 async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
     let now = Instant::now();
     let mut rows = String::new();
     for v in &s.volumes.list() {
         let snap = v.snapshot(now, &[0.5, 0.99]);
-        let q = |i: usize, k: usize| {
-            snap.quantiles[i]
-                .as_ref()
+        let q = |op: crate::types::Op, phase: crate::types::Phase, k: usize| {
+            snap.quantiles(op, phase)
                 .and_then(|q| q.get(k))
                 .map(|x| crate::model::verdict::fmt_seconds(*x))
                 .unwrap_or_else(|| "-".to_string())
@@ -139,7 +140,7 @@ async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
         };
         let _ = write!(
             rows,
-            "<tr><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{} / {}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{} / {}</td><td>{} / {}</td><td>{} / {}</td></tr>",
             esc(&v.name),
             esc(&v.path.display().to_string()),
             esc(&snap.fs.device),
@@ -151,10 +152,14 @@ async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
                 "-"
             },
             probes,
-            q(crate::types::Op::Commit.index(), 0),
-            q(crate::types::Op::Commit.index(), 1),
-            q(crate::types::Op::Read.index(), 0),
-            q(crate::types::Op::Read.index(), 1),
+            q(Op::Commit, Phase::Busy, 0),
+            q(Op::Commit, Phase::Busy, 1),
+            q(Op::Commit, Phase::AfterIdle, 0),
+            q(Op::Commit, Phase::AfterIdle, 1),
+            q(Op::Read, Phase::Busy, 0),
+            q(Op::Read, Phase::Busy, 1),
+            q(Op::Read, Phase::AfterIdle, 0),
+            q(Op::Read, Phase::AfterIdle, 1),
         );
     }
     let path = esc(&s.telemetry_path);
@@ -165,7 +170,10 @@ async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
          <p>Measures the IO PostgreSQL commits and reads with, per volume.</p>\
          <ul><li><a href=\"{path}\">{path}</a> metrics</li><li><a href=\"/healthz\">/healthz</a></li></ul>\
          <h2>Volumes</h2><table><tr><th>volume</th><th>path</th><th>device (fs)</th><th>engine</th>\
-         <th>sync method</th><th>probes</th><th>commit p50 / p99</th><th>read p50 / p99</th></tr>{rows}</table>\
+         <th>sync method</th><th>probes</th><th>commit p50 / p99, busy</th><th>commit p50 / p99, after idle</th>\
+         <th>read p50 / p99, busy</th><th>read p50 / p99, after idle</th></tr>{rows}</table>\
+         <p>Busy: the second half of each burst of back-to-back probes, what an IO costs while the \
+         storage is busy. After idle: the lone probe of each interval, what an IO costs after a pause.</p>\
          </body></html>",
         version = env!("CARGO_PKG_VERSION"),
     ))

@@ -71,6 +71,7 @@ fn run_daemon(cli: Cli) -> ExitCode {
         engine: cli.engine.map(Into::into),
         sync_method: cli.sync_method.map(Into::into),
         interval: cli.interval,
+        busy_every: cli.busy_every,
         read_file_size: cli.read_file_size,
         free_space_reserve: cli.free_space_reserve,
         pg_dsns: {

@@ -44,6 +44,54 @@ impl fmt::Display for Op {
     }
 }
 
+/// When a probe ran: the label `phase` of the probe latency families.
+///
+/// On virtual machines, and on devices with power states, the first IO
+/// after a pause is several times slower than the same IO in a stream:
+/// the device and the host's IO path go idle between probes and must wake.
+/// A loaded PostgreSQL commits in a stream; a quiet one commits alone. The
+/// two are different facts about the same storage, so they are measured and
+/// published apart, never mixed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Inside a burst of back-to-back probes, after the warm-up half of the
+    /// burst: what an IO costs when the storage path is busy (comparable to
+    /// fio or `pg_test_fsync` without think time).
+    Busy,
+    /// A lone probe, one per interval: what an IO costs after a pause.
+    AfterIdle,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 2] = [Phase::Busy, Phase::AfterIdle];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Busy => "busy",
+            Phase::AfterIdle => "after_idle",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Number of (op, phase) series a volume keeps.
+pub const SERIES: usize = Op::ALL.len() * Phase::ALL.len();
+
+/// Index of an (op, phase) pair into per-series arrays.
+pub fn series(op: Op, phase: Phase) -> usize {
+    op.index() * Phase::ALL.len() + phase.index()
+}
+
 /// How the WAL probe makes its write durable: PostgreSQL's `wal_sync_method`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]

@@ -69,6 +69,7 @@ pub struct RawVolumeDefaults {
     pub cache_served_threshold: Option<Sp<HumanDuration>>,
     pub sweep_every: Option<Sp<HumanDuration>>,
     pub sweep_duration: Option<Sp<HumanDuration>>,
+    pub busy_every: Option<Sp<HumanDuration>>,
 }
 
 /// One `[[volume]]` table.
@@ -91,6 +92,7 @@ pub struct RawVolume {
     pub cache_served_threshold: Option<Sp<HumanDuration>>,
     pub sweep_every: Option<Sp<HumanDuration>>,
     pub sweep_duration: Option<Sp<HumanDuration>>,
+    pub busy_every: Option<Sp<HumanDuration>>,
     /// cgroup whose IO limits bind this volume's users, as /proc/<pid>/cgroup
     /// names it ("/system.slice/postgresql@16-main.service"); default: the
     /// PostgreSQL postmaster's for discovered volumes, else the exporter's.
@@ -118,6 +120,7 @@ impl RawVolume {
             cache_served_threshold: self.cache_served_threshold.clone(),
             sweep_every: self.sweep_every.clone(),
             sweep_duration: self.sweep_duration.clone(),
+            busy_every: self.busy_every.clone(),
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::collectors::limits::LimitsSnapshot;
 use crate::collectors::postgres::ClusterSnapshot;
 use crate::model::ceiling::{commit_ceiling, sync_ratio};
 use crate::probe::state::{Snapshot, VolumeState};
-use crate::types::Op;
+use crate::types::{Op, Phase, series};
 
 const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
@@ -40,33 +40,36 @@ pub fn encode(
         "Exact quantiles of probe latency over the sliding window (config key window, default \
          15m), in seconds; quantile=1 is the maximum. Computed from samples in memory at scrape \
          time; quantiles are absent while the window holds no sample. _sum and _count are \
-         cumulative since start, as for any summary.",
+         cumulative since start, as for any summary. phase=busy: the second half of each burst \
+         of back-to-back probes; phase=after_idle: the lone probe of each interval.",
     );
     for (v, s) in snaps {
         let vol = escape(&v.name);
         for op in Op::ALL {
-            let i = op.index();
-            if s.count[i] == 0 {
-                continue;
-            }
-            if let Some(qs) = &s.quantiles[i] {
-                for (label, value) in QUANTILE_LABELS.iter().zip(qs) {
-                    let _ = writeln!(
-                        out,
-                        "pgstorage_probe_window_seconds{{volume=\"{vol}\",op=\"{op}\",quantile=\"{label}\"}} {value}"
-                    );
+            for phase in Phase::ALL {
+                let i = series(op, phase);
+                if s.count[i] == 0 {
+                    continue;
                 }
+                if let Some(qs) = &s.quantiles[i] {
+                    for (label, value) in QUANTILE_LABELS.iter().zip(qs) {
+                        let _ = writeln!(
+                            out,
+                            "pgstorage_probe_window_seconds{{volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\",quantile=\"{label}\"}} {value}"
+                        );
+                    }
+                }
+                let _ = writeln!(
+                    out,
+                    "pgstorage_probe_window_seconds_sum{{volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\"}} {}",
+                    s.sum[i]
+                );
+                let _ = writeln!(
+                    out,
+                    "pgstorage_probe_window_seconds_count{{volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\"}} {}",
+                    s.count[i]
+                );
             }
-            let _ = writeln!(
-                out,
-                "pgstorage_probe_window_seconds_sum{{volume=\"{vol}\",op=\"{op}\"}} {}",
-                s.sum[i]
-            );
-            let _ = writeln!(
-                out,
-                "pgstorage_probe_window_seconds_count{{volume=\"{vol}\",op=\"{op}\"}} {}",
-                s.count[i]
-            );
         }
     }
 
@@ -79,14 +82,33 @@ pub fn encode(
     for (v, s) in snaps {
         let vol = escape(&v.name);
         for op in Op::ALL {
-            let n = s.samples[op.index()];
-            if n > 0 {
-                let _ = writeln!(
-                    out,
-                    "pgstorage_probe_window_samples{{volume=\"{vol}\",op=\"{op}\"}} {n}"
-                );
+            for phase in Phase::ALL {
+                let n = s.samples[series(op, phase)];
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "pgstorage_probe_window_samples{{volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\"}} {n}"
+                    );
+                }
             }
         }
+    }
+
+    gauge_header(
+        out,
+        "pgstorage_probe_slowdown_ratio",
+        "How much longer than configured the volume's probe interval and busy_every are: 1 as \
+         configured; above 1 when a write-IOPS cap that also counts the exporter's own IO \
+         (provisioned, or a cgroup the exporter is in) would otherwise see more than 2 % of its \
+         writes come from the probes.",
+    );
+    for (v, _) in snaps {
+        let _ = writeln!(
+            out,
+            "pgstorage_probe_slowdown_ratio{{volume=\"{}\"}} {}",
+            escape(&v.name),
+            v.slowdown()
+        );
     }
 
     gauge_header(
@@ -141,14 +163,16 @@ pub fn encode(
         out,
         "pgstorage_commit_ceiling_per_second",
         "Most commits per second one client can do on this volume: 1 / commit probe latency (WAL \
-         write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99. \
+         write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99, \
+         of the busy commit probes (phase=busy; the after_idle ones while no burst has run or \
+         busy_every is 0). \
          basis=postgres uses PostgreSQL's own mean WAL sync time over the window, on the \
          cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
          per commit probe (docs/ceilings.md). Statement work and network round trips come on top; group commit \
          lets many clients together exceed it.",
     );
     for (v, s) in snaps {
-        if let Some(qs) = &s.quantiles[Op::Commit.index()] {
+        if let Some(qs) = s.quantiles(Op::Commit, s.rate_phase(Op::Commit)) {
             for (basis, q) in [("probe_p50", qs.first()), ("probe_p99", qs.get(2))] {
                 if let Some(c) = q.copied().and_then(commit_ceiling) {
                     let _ = writeln!(
@@ -198,8 +222,8 @@ pub fn encode(
     );
     for (v, s) in snaps {
         let mut bases: Vec<f64> = Vec::new();
-        if let Some(p50) = s.quantiles[Op::Commit.index()]
-            .as_ref()
+        if let Some(p50) = s
+            .quantiles(Op::Commit, s.rate_phase(Op::Commit))
             .and_then(|q| q.first())
         {
             bases.extend(commit_ceiling(*p50));
@@ -287,7 +311,10 @@ pub fn encode(
         let Some((_, s)) = snaps.iter().find(|(v, _)| v.name == vol) else {
             continue;
         };
-        let probe = s.means[Op::Sync.index()].or(s.means[Op::Commit.index()]);
+        // PostgreSQL's syncs are compared with the probe's in the same
+        // condition as the ceilings: busy when bursts run.
+        let phase = s.rate_phase(Op::Commit);
+        let probe = s.mean(Op::Sync, phase).or(s.mean(Op::Commit, phase));
         if let Some(r) = probe.and_then(|p| sync_ratio(pg, p)) {
             let _ = writeln!(
                 out,

@@ -13,12 +13,13 @@ use std::sync::{Arc, Mutex};
 
 use super::buckets::probe_buckets;
 use crate::probe::state::VolumeState;
-use crate::types::Op;
+use crate::types::{Op, Phase};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct OpLabels {
     pub volume: String,
     pub op: &'static str,
+    pub phase: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -62,7 +63,10 @@ impl ProbeMetrics {
             "Latency of probe operations in seconds, measured by the exporter's own probe threads. \
              op=write: 8 KiB write into the preallocated WAL probe file; op=sync: the fdatasync/fsync \
              after it; op=commit: write+sync, what one commit waits for; op=read: 8 KiB O_DIRECT \
-             random read at queue depth 1",
+             random read at queue depth 1. phase=busy: the second half of a burst of back-to-back \
+             probes (every busy_every), what an IO costs while the storage is busy; \
+             phase=after_idle: the lone probe of each interval, what an IO costs after a pause. \
+             Always select a phase",
             m.seconds.clone(),
         );
         registry.register(
@@ -109,11 +113,12 @@ impl ProbeMetrics {
         }
     }
 
-    pub fn observe(&self, volume: &str, op: Op, seconds: f64) {
+    pub fn observe(&self, volume: &str, op: Op, phase: Phase, seconds: f64) {
         self.seconds
             .get_or_create(&OpLabels {
                 volume: volume.to_string(),
                 op: op.as_str(),
+                phase: phase.as_str(),
             })
             .observe(seconds);
     }
@@ -138,10 +143,13 @@ impl ProbeMetrics {
     /// stale in Prometheus instead of freezing at its last value.
     pub fn remove_volume(&self, volume: &str) {
         for op in Op::ALL {
-            self.seconds.remove(&OpLabels {
-                volume: volume.to_string(),
-                op: op.as_str(),
-            });
+            for phase in Phase::ALL {
+                self.seconds.remove(&OpLabels {
+                    volume: volume.to_string(),
+                    op: op.as_str(),
+                    phase: phase.as_str(),
+                });
+            }
         }
         if let Ok(mut keys) = self.error_keys.lock() {
             keys.retain(|k| {

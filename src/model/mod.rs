@@ -5,6 +5,7 @@
 //! figures of FACTS.md be unit-tested as tables.
 
 pub mod ceiling;
+pub mod pacing;
 pub mod plateau;
 pub mod quantile;
 pub mod verdict;

@@ -13,13 +13,13 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::config::{BLOCK_SIZE, VolumeConfig, WAL_FILE_SIZE};
+use crate::config::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeConfig, WAL_FILE_SIZE};
 use crate::metrics::probe::ProbeMetrics;
 use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::state::VolumeState;
 use crate::probe::{IoFailure, Rng};
-use crate::types::Op;
+use crate::types::{Op, Phase};
 
 /// A stop signal probe threads can sleep on.
 #[derive(Debug, Default)]
@@ -146,6 +146,7 @@ impl Runner {
             commit = p.wal.is_some(),
             read = p.read.is_some(),
             interval = ?self.cfg.interval,
+            busy_every = ?self.cfg.busy_every,
             "probing"
         );
         let read_blocks = self.cfg.read_file_size / BLOCK_SIZE as u64;
@@ -159,27 +160,44 @@ impl Runner {
         } else {
             Some(Instant::now())
         };
-        let wal_blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
         let mut wal_block = 0u64;
         let mut next = Instant::now();
+        // The first burst a few rounds in, once the lone probes have
+        // started; then every busy_every.
+        let mut next_burst = (!self.cfg.busy_every.is_zero()).then(|| next + 3 * self.cfg.interval);
         loop {
             if self.stop.is_stopped() {
                 break;
             }
+            // Stretched when the exporter's own writes would take too large
+            // a share of a write-IOPS cap that counts them.
+            let slowdown = self.state.slowdown();
+            let interval = self.cfg.interval.mul_f64(slowdown);
+            // The lone probes: what a commit and a read cost after a pause.
             if let Some(wal) = &p.wal {
-                self.commit_probe(&mut p.engine, wal, wal_block * BLOCK_SIZE as u64);
-                // Cycle through the file like PostgreSQL through a recycled
-                // segment: overwrite preallocated blocks, never extend.
-                wal_block = (wal_block + 1) % wal_blocks;
+                self.commit_probe(&mut p.engine, wal, &mut wal_block, Some(Phase::AfterIdle));
             }
             if let Some(read) = &p.read {
                 // Half an interval after the commit probe, so the read never
                 // queues behind the probe's own sync.
-                if p.wal.is_some() && self.stop.wait_until(next + self.cfg.interval / 2) {
+                if p.wal.is_some() && self.stop.wait_until(next + interval / 2) {
                     break;
                 }
                 let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
-                self.read_probe(&mut p.engine, read, offset);
+                self.read_probe(&mut p.engine, read, offset, Some(Phase::AfterIdle));
+            }
+            // The burst: three quarters into the round, so the next lone
+            // commit still comes after a pause of a quarter interval (the
+            // after-idle cost grows with the pause and levels off within
+            // about 50 ms on the build machine).
+            if let Some(at) = next_burst
+                && Instant::now() >= at
+            {
+                if self.stop.wait_until(next + interval * 3 / 4) {
+                    break;
+                }
+                self.burst(&mut p, &mut wal_block, read_blocks);
+                next_burst = Some(Instant::now() + self.cfg.busy_every.mul_f64(slowdown));
             }
             if let (Some(at), Some(read)) = (next_sweep, &p.read)
                 && Instant::now() >= at
@@ -247,7 +265,7 @@ impl Runner {
                     }
                 }
             }
-            next += self.cfg.interval;
+            next += interval;
             let now = Instant::now();
             if next < now {
                 // Overran (slow device): start the next round now rather than
@@ -387,46 +405,106 @@ impl Runner {
         })
     }
 
-    fn commit_probe(&mut self, engine: &mut Engine, wal: &File, offset: u64) {
+    /// A burst of back-to-back probes: [`BURST_COMMITS`] commits, then
+    /// [`BURST_READS`] reads. The first half of each warms the device path
+    /// up and is not recorded; the second half is the busy figure. A failed
+    /// probe ends the burst: a failing device is not hammered.
+    fn burst(&mut self, p: &mut Prepared, wal_block: &mut u64, read_blocks: u64) {
+        if let Some(wal) = &p.wal {
+            for i in 0..BURST_COMMITS {
+                let phase = (i >= BURST_COMMITS / 2).then_some(Phase::Busy);
+                if self.stop.is_stopped()
+                    || !self.commit_probe(&mut p.engine, wal, wal_block, phase)
+                {
+                    return;
+                }
+            }
+        }
+        if let Some(read) = &p.read {
+            for i in 0..BURST_READS {
+                let phase = (i >= BURST_READS / 2).then_some(Phase::Busy);
+                let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
+                if self.stop.is_stopped() || !self.read_probe(&mut p.engine, read, offset, phase) {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One commit probe into the next block of the WAL probe file; recorded
+    /// under `phase`, or only counted when `None` (a burst's warm-up).
+    /// True when it succeeded.
+    fn commit_probe(
+        &mut self,
+        engine: &mut Engine,
+        wal: &File,
+        wal_block: &mut u64,
+        phase: Option<Phase>,
+    ) -> bool {
+        let offset = *wal_block * BLOCK_SIZE as u64;
+        // Cycle through the file like PostgreSQL through a recycled
+        // segment: overwrite preallocated blocks, never extend.
+        *wal_block = (*wal_block + 1) % (WAL_FILE_SIZE / BLOCK_SIZE as u64);
         self.state.begin(Op::Commit);
         let r = engine.commit(raw(wal), offset, self.cfg.sync_method);
         self.state.end();
         let at = Instant::now();
         match r {
             Ok(t) => {
-                let name = &self.cfg.name;
-                let rec = |op: Op, d: Duration| {
-                    let s = d.as_secs_f64();
-                    self.metrics.observe(name, op, s);
-                    self.state.record(op, at, s);
-                };
-                rec(Op::Write, t.write);
-                if let Some(s) = t.sync {
-                    rec(Op::Sync, s);
+                self.state.count_commit_probe();
+                if let Some(phase) = phase {
+                    let name = &self.cfg.name;
+                    let rec = |op: Op, d: Duration| {
+                        let s = d.as_secs_f64();
+                        self.metrics.observe(name, op, phase, s);
+                        self.state.record(op, phase, at, s);
+                    };
+                    rec(Op::Write, t.write);
+                    if let Some(s) = t.sync {
+                        rec(Op::Sync, s);
+                    }
+                    rec(Op::Commit, t.commit);
                 }
-                rec(Op::Commit, t.commit);
                 self.succeeded(Op::Commit);
+                true
             }
-            Err(f) => self.failed(f),
+            Err(f) => {
+                self.failed(f);
+                false
+            }
         }
     }
 
-    fn read_probe(&mut self, engine: &mut Engine, read: &File, offset: u64) {
+    /// One read probe at `offset`; recorded under `phase`, or not at all
+    /// when `None` (a burst's warm-up). True when it succeeded.
+    fn read_probe(
+        &mut self,
+        engine: &mut Engine,
+        read: &File,
+        offset: u64,
+        phase: Option<Phase>,
+    ) -> bool {
         self.state.begin(Op::Read);
         let r = engine.read(raw(read), offset);
         self.state.end();
         let at = Instant::now();
         match r {
             Ok(d) => {
-                let s = d.as_secs_f64();
-                self.metrics.observe(&self.cfg.name, Op::Read, s);
-                self.state.record(Op::Read, at, s);
-                if d < self.cfg.cache_served_threshold {
-                    self.metrics.cache_served(&self.cfg.name);
+                if let Some(phase) = phase {
+                    let s = d.as_secs_f64();
+                    self.metrics.observe(&self.cfg.name, Op::Read, phase, s);
+                    self.state.record(Op::Read, phase, at, s);
+                    if d < self.cfg.cache_served_threshold {
+                        self.metrics.cache_served(&self.cfg.name);
+                    }
                 }
                 self.succeeded(Op::Read);
+                true
             }
-            Err(f) => self.failed(f),
+            Err(f) => {
+                self.failed(f);
+                false
+            }
         }
     }
 

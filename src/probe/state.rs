@@ -11,7 +11,7 @@ use crate::config::{MAX_WINDOW_SAMPLES, VolumeConfig};
 use crate::model::window::Window;
 use crate::probe::files::ProbeDir;
 use crate::probe::fsinfo::FsInfo;
-use crate::types::{EngineKind, Op, SyncMethod};
+use crate::types::{EngineKind, Op, Phase, SERIES, SyncMethod, series};
 
 fn base() -> Instant {
     static BASE: OnceLock<Instant> = OnceLock::new();
@@ -33,6 +33,9 @@ pub struct VolumeState {
     pub commit_probe: bool,
     pub read_probe: bool,
     pub timeout: Duration,
+    /// Configured time between lone probes, and between bursts (zero: none).
+    pub interval: Duration,
+    pub busy_every: Duration,
     /// Provisioned limits from the config: (resource, value).
     pub provisioned: Vec<(&'static str, u64)>,
     /// Configured cgroup path whose limits apply to this volume.
@@ -45,6 +48,14 @@ pub struct VolumeState {
     timeout_counted: AtomicBool,
     probe_dir: Mutex<Option<Arc<ProbeDir>>>,
     sweep: Mutex<Option<SweepResult>>,
+    /// How much the probe schedule is stretched, in thousandths (1000 = as
+    /// configured), so the exporter's own writes stay a small share of a
+    /// write-IOPS cap that counts them. Set by the limits collector, read by
+    /// the probe thread before each sleep.
+    slowdown_milli: AtomicU64,
+    /// Commit probes done since start, warm-ups of bursts included: the
+    /// divisor of the exporter's own device writes per commit.
+    commit_probes: AtomicU64,
 }
 
 /// The latest queue-depth sweep of a volume.
@@ -57,13 +68,14 @@ pub struct SweepResult {
     pub finished_unix: f64,
 }
 
-/// Per-op windows plus lifetime count and sum (the `_count`/`_sum` of the
-/// window summary, which Prometheus expects to be cumulative).
+/// Per (op, phase) windows plus lifetime count and sum (the `_count`/`_sum`
+/// of the window summary, which Prometheus expects to be cumulative),
+/// indexed by [`series`].
 #[derive(Debug)]
 struct Windows {
     window: Vec<Window>,
-    count: [u64; 4],
-    sum: [f64; 4],
+    count: [u64; SERIES],
+    sum: [f64; SERIES],
 }
 
 /// A consistent copy of a volume's state for one scrape.
@@ -71,15 +83,18 @@ struct Windows {
 pub struct Snapshot {
     pub fs: FsInfo,
     pub engine: Option<EngineKind>,
-    /// Per op (indexed by [`Op::index`]): window quantiles, if any samples.
-    pub quantiles: [Option<Vec<f64>>; 4],
-    pub samples: [usize; 4],
-    /// Per op: mean over the window.
-    pub means: [Option<f64>; 4],
-    /// Lifetime number and sum of samples per op.
-    pub count: [u64; 4],
-    pub sum: [f64; 4],
+    /// Per (op, phase), indexed by [`series`]: window quantiles, if any
+    /// samples.
+    pub quantiles: [Option<Vec<f64>>; SERIES],
+    pub samples: [usize; SERIES],
+    /// Per (op, phase): mean over the window.
+    pub means: [Option<f64>; SERIES],
+    /// Lifetime number and sum of samples per (op, phase).
+    pub count: [u64; SERIES],
+    pub sum: [f64; SERIES],
     pub in_flight: Option<(Op, Duration)>,
+    /// Commit probes done since start, burst warm-ups included.
+    pub commit_probes: u64,
 }
 
 impl VolumeState {
@@ -93,21 +108,46 @@ impl VolumeState {
             commit_probe: cfg.commit_probe,
             read_probe: cfg.read_probe,
             timeout: cfg.timeout,
+            interval: cfg.interval,
+            busy_every: cfg.busy_every,
             provisioned: cfg.provisioned.clone(),
             cgroup: cfg.cgroup.clone(),
             fs: Mutex::new(fs),
             engine: Mutex::new(None),
             windows: Mutex::new(Windows {
-                window: Op::ALL.iter().map(|_| Window::new(window, cap)).collect(),
-                count: [0; 4],
-                sum: [0.0; 4],
+                window: (0..SERIES).map(|_| Window::new(window, cap)).collect(),
+                count: [0; SERIES],
+                sum: [0.0; SERIES],
             }),
             in_flight_since: AtomicU64::new(0),
             in_flight_op: AtomicU8::new(0),
             timeout_counted: AtomicBool::new(false),
             probe_dir: Mutex::new(None),
             sweep: Mutex::new(None),
+            slowdown_milli: AtomicU64::new(1000),
+            commit_probes: AtomicU64::new(0),
         }
+    }
+
+    /// Counts one commit probe that reached the device, recorded or not.
+    pub fn count_commit_probe(&self) {
+        self.commit_probes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The factor the probe schedule is stretched by (1.0 = as configured).
+    pub fn slowdown(&self) -> f64 {
+        self.slowdown_milli.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+
+    /// Sets the stretch factor; values below 1 mean 1. Returns the previous
+    /// factor, so the caller can log a change once.
+    pub fn set_slowdown(&self, factor: f64) -> f64 {
+        let milli = if factor.is_finite() {
+            (factor.max(1.0) * 1000.0).round().min(1e9) as u64
+        } else {
+            1000
+        };
+        self.slowdown_milli.swap(milli, Ordering::Relaxed) as f64 / 1000.0
     }
 
     pub fn set_engine(&self, kind: EngineKind) {
@@ -140,9 +180,9 @@ impl VolumeState {
         self.probe_dir.lock().ok().and_then(|d| d.clone())
     }
 
-    pub fn record(&self, op: Op, at: Instant, seconds: f64) {
+    pub fn record(&self, op: Op, phase: Phase, at: Instant, seconds: f64) {
         if let Ok(mut w) = self.windows.lock() {
-            let i = op.index();
+            let i = series(op, phase);
             if let Some(win) = w.window.get_mut(i) {
                 win.push(at, seconds);
             }
@@ -192,18 +232,16 @@ impl VolumeState {
     }
 
     pub fn snapshot(&self, now: Instant, qs: &[f64]) -> Snapshot {
-        let mut quantiles: [Option<Vec<f64>>; 4] = Default::default();
-        let mut samples = [0usize; 4];
-        let mut means = [None; 4];
-        let mut count = [0u64; 4];
-        let mut sum = [0f64; 4];
+        let mut quantiles: [Option<Vec<f64>>; SERIES] = Default::default();
+        let mut samples = [0usize; SERIES];
+        let mut means = [None; SERIES];
+        let mut count = [0u64; SERIES];
+        let mut sum = [0f64; SERIES];
         if let Ok(w) = self.windows.lock() {
-            for op in Op::ALL {
-                if let Some(win) = w.window.get(op.index()) {
-                    quantiles[op.index()] = win.quantiles(now, qs);
-                    samples[op.index()] = win.live_len(now);
-                    means[op.index()] = win.mean(now);
-                }
+            for (i, win) in w.window.iter().enumerate().take(SERIES) {
+                quantiles[i] = win.quantiles(now, qs);
+                samples[i] = win.live_len(now);
+                means[i] = win.mean(now);
             }
             count = w.count;
             sum = w.sum;
@@ -217,6 +255,34 @@ impl VolumeState {
             count,
             sum,
             in_flight: self.in_flight(now),
+            commit_probes: self.commit_probes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Snapshot {
+    /// Window quantiles of one (op, phase), in the order asked for.
+    pub fn quantiles(&self, op: Op, phase: Phase) -> Option<&[f64]> {
+        self.quantiles[series(op, phase)].as_deref()
+    }
+
+    /// Window mean of one (op, phase).
+    pub fn mean(&self, op: Op, phase: Phase) -> Option<f64> {
+        self.means[series(op, phase)]
+    }
+
+    /// Lifetime number of samples of one (op, phase).
+    pub fn count(&self, op: Op, phase: Phase) -> u64 {
+        self.count[series(op, phase)]
+    }
+
+    /// The phase rates are derived from: busy when the window has busy
+    /// samples of `op`, else after-idle (bursts turned off, or none yet).
+    pub fn rate_phase(&self, op: Op) -> Phase {
+        if self.quantiles[series(op, Phase::Busy)].is_some() {
+            Phase::Busy
+        } else {
+            Phase::AfterIdle
         }
     }
 }

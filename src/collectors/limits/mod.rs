@@ -27,9 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::collectors::postgres::{ClusterSet, ClusterSnapshot};
-use crate::config::LimitsConfig;
+use crate::config::{BURST_COMMITS, LimitsConfig};
+use crate::model::pacing;
 use crate::probe::set::VolumeSet;
-use crate::types::Op;
 use cgroup::{Counters, Located, ProcCgroups};
 
 /// One limit on one volume.
@@ -195,6 +195,9 @@ fn collect(
     let mut next_cgroup = BTreeMap::new();
     let mut next_own = BTreeMap::new();
     let mut seen_pressure = Vec::new();
+    // disk → (tightest write-IOPS cap that counts the exporter's own IO,
+    // the exporter's planned device writes per second on the disk).
+    let mut own_share: BTreeMap<String, (Option<f64>, f64)> = BTreeMap::new();
     // One snapshot per volume for the whole pass: the per-disk sum of commit
     // probes below reads every volume's, once per volume it serves.
     let snaps_now = Instant::now();
@@ -341,7 +344,7 @@ fn collect(
                 .filter(|(o, s)| {
                     o.commit_probe && s.fs.disk.as_ref().is_some_and(|d| d.majmin == disk.majmin)
                 })
-                .map(|(_, s)| s.count[Op::Commit.index()])
+                .map(|(_, s)| s.commit_probes)
                 .sum();
             if let Some(&(pw, pp)) = prev.own.get(&v.name)
                 && probes >= pp + 3
@@ -359,6 +362,53 @@ fn collect(
         }
         if let Some(w) = prev.wpp.get(&v.name) {
             out.writes_per_probe.insert(v.name.clone(), *w);
+        }
+        // Caps that count the probes' own writes: the exporter's own cgroup
+        // path (whatever ancestor sets it) and the provisioned figures. A cap
+        // on PostgreSQL's cgroup alone does not see the probes.
+        let mut caps: Vec<f64> = v
+            .provisioned
+            .iter()
+            .filter(|(r, _)| matches!(*r, "write_iops" | "iops"))
+            .map(|(_, n)| *n as f64)
+            .collect();
+        if let Some(o) = own.as_ref() {
+            caps.extend(
+                cgroup::effective_limits(o, &disk.majmin)
+                    .write_iops
+                    .map(|n| n as f64),
+            );
+        }
+        let planned = if v.commit_probe {
+            let wpc = prev
+                .wpp
+                .get(&v.name)
+                .copied()
+                .unwrap_or(pacing::DEFAULT_WRITES_PER_COMMIT);
+            wpc * pacing::commits_per_second(v.interval, v.busy_every, BURST_COMMITS)
+        } else {
+            0.0
+        };
+        let e = own_share.entry(disk.majmin.clone()).or_insert((None, 0.0));
+        e.0 = caps.into_iter().chain(e.0).reduce(f64::min);
+        e.1 += planned;
+    }
+    for (v, snap) in &vols {
+        let Some(disk) = &snap.fs.disk else { continue };
+        let Some(&(cap, planned)) = own_share.get(&disk.majmin) else {
+            continue;
+        };
+        let factor = cap.map_or(1.0, |c| pacing::slowdown(planned, c));
+        let before = v.set_slowdown(factor);
+        if (before - factor).abs() > 0.01 * before {
+            tracing::info!(
+                volume = %v.name,
+                slowdown = format!("{factor:.2}"),
+                write_iops_cap = ?cap,
+                planned_writes_per_second = format!("{planned:.2}"),
+                "probe schedule {}: the probes' own writes stay under 2 % of a write-IOPS cap that counts them",
+                if factor > 1.0 { "stretched" } else { "back to as configured" },
+            );
         }
     }
     // Keep the own-counter baseline only when probes advanced enough, so

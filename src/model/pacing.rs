@@ -1,0 +1,99 @@
+//! How hard the probes may write: the exporter's own device writes against
+//! a write-IOPS cap that also counts them.
+//!
+//! A cap that counts the exporter's IO (a cloud volume's provisioned IOPS,
+//! or a cgroup the exporter itself is in) is shared with PostgreSQL: every
+//! write a probe makes is one PostgreSQL cannot. The probes keep their share
+//! of such a cap under [`MAX_CAP_SHARE`] by stretching their schedule, and
+//! never below one lone probe per stretched interval.
+
+use std::time::Duration;
+
+/// Largest share of a write-IOPS cap the probes may take.
+pub const MAX_CAP_SHARE: f64 = 0.02;
+
+/// Device writes per commit probe assumed before one is measured: ext4 and
+/// XFS write the data block and a journal or log block (two on the build
+/// machine, for fio as for the probe).
+pub const DEFAULT_WRITES_PER_COMMIT: f64 = 2.0;
+
+/// Commit probes per second at a schedule: one lone probe per `interval`
+/// plus `burst` back-to-back probes per `busy_every` (zero: no bursts).
+pub fn commits_per_second(interval: Duration, busy_every: Duration, burst: u32) -> f64 {
+    let lone = if interval.is_zero() {
+        0.0
+    } else {
+        1.0 / interval.as_secs_f64()
+    };
+    let bursts = if busy_every.is_zero() {
+        0.0
+    } else {
+        f64::from(burst) / busy_every.as_secs_f64()
+    };
+    lone + bursts
+}
+
+/// The factor to stretch a schedule by so that `own_writes_per_second`
+/// becomes at most `MAX_CAP_SHARE` of `cap` write IOPS; 1 when it already
+/// is, or when the inputs say nothing (no cap, no writes).
+pub fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
+    if !(own_writes_per_second > 0.0) || !(cap > 0.0) || !cap.is_finite() {
+        return 1.0;
+    }
+    (own_writes_per_second / (cap * MAX_CAP_SHARE)).max(1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn default_schedule_rate() {
+        // One lone commit per second and 24 per 30 s: 1.8 commits/s, 3.6
+        // device writes/s at two writes per commit (the budget is 4).
+        let c = commits_per_second(S, 30 * S, 24);
+        assert!((c - 1.8).abs() < 1e-9, "{c}");
+        assert!(c * DEFAULT_WRITES_PER_COMMIT <= 4.0);
+        assert_eq!(commits_per_second(S, Duration::ZERO, 24), 1.0);
+        assert_eq!(commits_per_second(Duration::ZERO, Duration::ZERO, 24), 0.0);
+    }
+
+    #[test]
+    fn slowdown_table() {
+        // (own writes/s, cap, factor)
+        let cases = [
+            (3.6, 100.0, 1.8),  // 3.6 % of 100 IOPS: stretch to 2 %
+            (3.6, 400.0, 1.0),  // 0.9 %: as configured
+            (3.6, 3000.0, 1.0), // gp3 baseline
+            (3.6, 180.0, 1.0),  // exactly 2 %
+            (7.2, 100.0, 3.6),  // two volumes on one capped disk
+            (0.0, 100.0, 1.0),  // no commit probe
+            (3.6, 0.0, 1.0),    // a zero cap is no figure
+            (f64::NAN, 100.0, 1.0),
+            (3.6, f64::INFINITY, 1.0),
+        ];
+        for (own, cap, want) in cases {
+            let got = slowdown(own, cap);
+            assert!(
+                (got - want).abs() < 1e-9,
+                "slowdown({own}, {cap}) = {got}, want {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn stretched_share_is_at_most_the_limit() {
+        for cap in [10.0, 50.0, 100.0, 250.0, 1000.0] {
+            let own = commits_per_second(S, 30 * S, 24) * DEFAULT_WRITES_PER_COMMIT;
+            let f = slowdown(own, cap);
+            let stretched = commits_per_second(S.mul_f64(f), (30 * S).mul_f64(f), 24)
+                * DEFAULT_WRITES_PER_COMMIT;
+            assert!(
+                stretched / cap <= MAX_CAP_SHARE + 1e-9,
+                "cap {cap}: {stretched}"
+            );
+        }
+    }
+}

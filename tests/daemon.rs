@@ -35,9 +35,19 @@ fn start_fast(dir: &std::path::Path, extra: &[&str]) -> Exporter {
 fn scrape_shows_every_probe_metric_and_counts_grow() {
     let dir = tempfile::tempdir().unwrap();
     let ex = start_fast(dir.path(), &[]);
-    let first = ex.wait_for("3 commit and read probes", Duration::from_secs(30), |m| {
-        count(m, "t", "commit") >= 3.0 && count(m, "t", "read") >= 3.0
-    });
+    let first = ex.wait_for(
+        "3 commit and read probes and a burst",
+        Duration::from_secs(30),
+        |m| {
+            count(m, "t", "commit") >= 3.0
+                && count(m, "t", "read") >= 3.0
+                && sample(
+                    m,
+                    "pgstorage_probe_window_samples{volume=\"t\",op=\"read\",phase=\"busy\"}",
+                )
+                .is_some()
+        },
+    );
     std::thread::sleep(Duration::from_millis(1500));
     let second = ex.metrics();
     for op in ["write", "sync", "commit", "read"] {
@@ -54,12 +64,40 @@ fn scrape_shows_every_probe_metric_and_counts_grow() {
             "{name} missing from scrape:\n{second}"
         );
     }
-    // Every window quantile of every op is a plausible latency.
-    let qs = samples_with(&second, "pgstorage_probe_window_seconds", &["volume=\"t\""]);
-    assert_eq!(qs.len(), 4 * 5, "4 ops x 5 quantiles: {qs:?}");
-    for (series, v) in &qs {
-        assert!(*v > 0.0 && *v < 10.0, "{series} = {v}");
+    // Both figures, every op, every quantile: a plausible latency.
+    for phase in ["busy", "after_idle"] {
+        let qs = samples_with(
+            &second,
+            "pgstorage_probe_window_seconds",
+            &["volume=\"t\"", &format!("phase=\"{phase}\""), "quantile="],
+        );
+        assert_eq!(qs.len(), 4 * 5, "{phase}: 4 ops x 5 quantiles: {qs:?}");
+        for (series, v) in &qs {
+            assert!(*v > 0.0 && *v < 10.0, "{series} = {v}");
+        }
     }
+    // One burst so far (the next is busy_every = 30 s away): exactly its
+    // recorded halves, 12 of its 24 commits and 32 of its 64 reads.
+    let busy = |op: &str| {
+        sample(
+            &second,
+            &format!("pgstorage_probe_window_samples{{volume=\"t\",op=\"{op}\",phase=\"busy\"}}"),
+        )
+    };
+    assert_eq!(busy("commit"), Some(12.0), "{second}");
+    assert_eq!(busy("sync"), Some(12.0));
+    assert_eq!(busy("read"), Some(32.0));
+    // The lone probes: one per 100 ms interval since start.
+    let lone = sample(
+        &second,
+        "pgstorage_probe_window_samples{volume=\"t\",op=\"commit\",phase=\"after_idle\"}",
+    )
+    .unwrap();
+    assert!(lone >= 3.0 && lone < 1000.0, "{lone}");
+    assert_eq!(
+        sample(&second, "pgstorage_probe_slowdown_ratio{volume=\"t\"}"),
+        Some(1.0)
+    );
     let ceilings = samples_with(
         &second,
         "pgstorage_commit_ceiling_per_second",
@@ -71,7 +109,7 @@ fn scrape_shows_every_probe_metric_and_counts_grow() {
     }
     let p50 = sample(
         &second,
-        "pgstorage_probe_window_seconds{volume=\"t\",op=\"commit\",quantile=\"0.5\"}",
+        "pgstorage_probe_window_seconds{volume=\"t\",op=\"commit\",phase=\"busy\",quantile=\"0.5\"}",
     )
     .unwrap();
     let ceil50 = sample(
@@ -114,7 +152,7 @@ fn forced_fallback_engine_works() {
     assert!(info[0].0.contains("engine=\"sync\""), "{}", info[0].0);
     let p50 = sample(
         &m,
-        "pgstorage_probe_window_seconds{volume=\"t\",op=\"sync\",quantile=\"0.5\"}",
+        "pgstorage_probe_window_seconds{volume=\"t\",op=\"sync\",phase=\"after_idle\",quantile=\"0.5\"}",
     )
     .unwrap();
     assert!(p50 > 0.0 && p50 < 10.0, "{p50}");

@@ -222,12 +222,19 @@ pub fn samples_with(metrics: &str, name: &str, labels: &[&str]) -> Vec<(String, 
         .collect()
 }
 
+/// Probes of `op` recorded on `volume`, both phases (busy and after_idle).
 pub fn count(metrics: &str, volume: &str, op: &str) -> f64 {
-    sample(
-        metrics,
-        &format!("pgstorage_probe_seconds_count{{volume=\"{volume}\",op=\"{op}\"}}"),
-    )
-    .unwrap_or(0.0)
+    ["busy", "after_idle"]
+        .iter()
+        .filter_map(|phase| {
+            sample(
+                metrics,
+                &format!(
+                    "pgstorage_probe_seconds_count{{volume=\"{volume}\",op=\"{op}\",phase=\"{phase}\"}}"
+                ),
+            )
+        })
+        .sum()
 }
 
 pub fn dir_entries(p: &Path) -> Vec<String> {

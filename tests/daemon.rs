@@ -93,7 +93,7 @@ fn scrape_shows_every_probe_metric_and_counts_grow() {
         "pgstorage_probe_window_samples{volume=\"t\",op=\"commit\",phase=\"after_idle\"}",
     )
     .unwrap();
-    assert!(lone >= 3.0 && lone < 1000.0, "{lone}");
+    assert!((3.0..1000.0).contains(&lone), "{lone}");
     assert_eq!(
         sample(&second, "pgstorage_probe_slowdown_ratio{volume=\"t\"}"),
         Some(1.0)

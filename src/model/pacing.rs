@@ -37,7 +37,11 @@ pub fn commits_per_second(interval: Duration, busy_every: Duration, burst: u32) 
 /// becomes at most `MAX_CAP_SHARE` of `cap` write IOPS; 1 when it already
 /// is, or when the inputs say nothing (no cap, no writes).
 pub fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
-    if !(own_writes_per_second > 0.0) || !(cap > 0.0) || !cap.is_finite() {
+    let meaningful = own_writes_per_second.is_finite()
+        && own_writes_per_second > 0.0
+        && cap.is_finite()
+        && cap > 0.0;
+    if !meaningful {
         return 1.0;
     }
     (own_writes_per_second / (cap * MAX_CAP_SHARE)).max(1.0)

@@ -1,23 +1,39 @@
 #!/usr/bin/env python3
-"""Probe fidelity: pg-storage-exporter `check` against fio, interleaved A/B.
+"""Probe fidelity: the pg-storage-exporter daemon at default settings
+against fio, interleaved A/B, in one directory.
 
-Runs N pairs in one directory, alternating which tool goes first, and
-prints p50/p99 of the 8 KiB write+fdatasync sync latency and of the 8 KiB
-O_DIRECT random read (QD 1, total latency), each as exporter/fio ratios
-with min, median and max. Also compares the io_uring and syscall engines,
-and, with --pg-test-fsync, puts pg_test_fsync's fdatasync ops/s beside the
-exporter's back-to-back commit rate.
+Each pair runs the exporter with nothing but `--probe.path DIR` (and a
+listen address) for --daemon-seconds (60: at the default busy_every of 30 s
+that is two bursts, 24 busy commit samples and 64 busy reads, and about 60
+lone after-idle probes of each kind), reads
+pgstorage_probe_window_seconds{op, phase, quantile="0.5"} from /metrics and
+stops it (SIGTERM); and runs fio four times in the same directory:
 
-fio is run the way the acceptance criteria state, plus --overwrite=1 for the
-sync job: the exporter's WAL probe overwrites a preallocated, zero-written
-file (like a recycled WAL segment), and fio's default would instead
-fallocate() unwritten extents whose first write costs a metadata journal
-commit. Both fio variants are shown.
+  sync, back to back     --rw=write --bs=8k --ioengine=sync --fdatasync=1
+                         --size=16M --overwrite=1, --fio-seconds (4); its
+                         sync percentile 50
+  sync, 1 s think time   the same with --thinktime=1s --thinktime_blocks=1,
+                         --fio-idle-seconds (25: >= 20 samples)
+  read, back to back     --rw=randread --bs=8k --direct=1 --ioengine=io_uring
+                         --iodepth=1 --size=64M, total latency p50 (lat_ns
+                         percentiles, else clat_ns)
+  read, 1 s think time   the same with --thinktime=1s --thinktime_blocks=1
+
+which tool goes first alternates from pair to pair. The ratios:
+exporter busy p50 / fio back-to-back p50 and exporter after-idle p50 / fio
+with the think time of the probe interval (1 s), for op="sync" and
+op="read", each with min, median and max over the pairs.
+
+fio's --overwrite=1 for the sync job: the exporter's WAL probe overwrites a
+preallocated, zero-written file (like a recycled WAL segment); fio's default
+would fallocate() unwritten extents whose first write costs a metadata
+journal commit.
 
 bench/run imports this module (run_pairs, summarize, pg_test_fsync,
 exporter); run alone it prints its own table.
 
-Usage: bench/fidelity.py [--pairs 5] [--seconds 10] [--dir DIR] [--bin PATH]
+Usage: bench/fidelity.py [--pairs 5] [--daemon-seconds 60] [--fio-seconds 4]
+                         [--fio-idle-seconds 25] [--dir DIR] [--bin PATH]
                          [--pg-test-fsync PG_BIN_DIR]
 """
 import argparse
@@ -25,11 +41,14 @@ import json
 import os
 import re
 import shutil
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 
 def log(msg):
@@ -44,7 +63,11 @@ def sh(args):
 
 
 def exporter(binary, d, seconds, what, engine="auto"):
-    """One `check` run, commit probes only (what="sync") or reads only."""
+    """One `check` run, commit probes only (what="sync") or reads only.
+
+    With --no-read the whole duration is commit probes: back to back, then
+    (the last seconds) a few lone commits, each after a pause
+    (after_idle_commit); commits_per_s is the back-to-back part's rate."""
     args = [binary, "check", d, "--duration", f"{seconds}s", "--format", "json",
             "--engine", engine, "--free-space-reserve", "0"]
     args.append("--no-read" if what == "sync" else "--no-commit")
@@ -52,64 +75,139 @@ def exporter(binary, d, seconds, what, engine="auto"):
     s = j["sync" if what == "sync" else "read"]
     out = {"p50": s["p50"], "p99": s["p99"], "engine": j["engine"], "n": s["count"]}
     if what == "sync":
-        # With --no-read the whole duration is commit probes, back to back.
-        out["commits_per_s"] = j["commit"]["count"] / j["duration_seconds"]
+        lone = j.get("after_idle_commit") or {}
+        busy_s = j["duration_seconds"] - lone.get("count", 0) * j.get("after_idle_pause_seconds", 0)
+        out["commits_per_s"] = j["commit"]["count"] / busy_s
         out["commit_p50"] = j["commit"]["p50"]
+        out["after_idle_commit_p50"] = lone.get("p50")
+        out["after_idle_commits"] = lone.get("count", 0)
+        out["after_idle_pause_s"] = j.get("after_idle_pause_seconds")
     return out
 
 
-def fio(d, seconds, what, overwrite=True):
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+WINDOW = re.compile(r'^pgstorage_probe_window_(seconds|samples)\{([^}]*)\}\s+(\S+)', re.M)
+
+
+def daemon(binary, d, seconds, logfile=None):
+    """The exporter at default settings (only --probe.path d) for `seconds`
+    from its start; its window p50 and sample count per (op, phase) at the
+    end: {"sync": {"busy": {"p50", "samples"}, "after_idle": {...}}, "read":
+    ...}. Always stopped (SIGTERM, then SIGKILL after 20 s) before
+    returning or raising."""
+    port = free_port()
+    lf = open(logfile, "w") if logfile else subprocess.DEVNULL
+    p = subprocess.Popen([binary, "--probe.path", d, "--web.listen-address", f"127.0.0.1:{port}"],
+                         stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, start_new_session=True)
+    if logfile:
+        lf.close()
+    t0 = time.monotonic()
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(url, timeout=5).read()
+                break
+            except OSError:
+                if p.poll() is not None or time.monotonic() - t0 > 30:
+                    raise RuntimeError(f"exporter did not serve {url} (exit {p.poll()})"
+                                       + (f"; log {logfile}" if logfile else ""))
+                time.sleep(0.1)
+        time.sleep(max(0.0, t0 + seconds - time.monotonic()))
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+    finally:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+    out = {op: {ph: {"p50": None, "samples": 0} for ph in ["busy", "after_idle"]}
+           for op in ["sync", "read", "commit"]}
+    for kind, labels, value in WINDOW.findall(text):
+        l = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        op, ph = l.get("op"), l.get("phase")
+        if op not in out or ph not in out[op]:
+            continue
+        if kind == "seconds" and l.get("quantile") == "0.5":
+            out[op][ph]["p50"] = float(value)
+        elif kind == "samples":
+            out[op][ph]["samples"] = int(float(value))
+    out["exit"] = p.returncode
+    out["seconds"] = time.monotonic() - t0
+    return out
+
+
+def fio(d, seconds, what, overwrite=True, thinktime=None):
+    """One fio job in d: what="sync" (8 KiB write + fdatasync, its sync
+    latency) or "read" (8 KiB O_DIRECT random read, io_uring, QD 1, total
+    latency); thinktime (e.g. "1s") between IOs, or back to back."""
     common = ["fio", "--directory", d, "--bs=8k", "--time_based", f"--runtime={seconds}",
               "--output-format=json"]
+    if thinktime:
+        common += [f"--thinktime={thinktime}", "--thinktime_blocks=1"]
     if what == "sync":
         args = common + ["--name=sync", "--rw=write", "--ioengine=sync", "--fdatasync=1",
                          "--size=16M"] + (["--overwrite=1"] if overwrite else [])
     else:
         args = common + ["--name=read", "--rw=randread", "--direct=1", "--ioengine=io_uring",
                          "--iodepth=1", "--size=64M", "--lat_percentiles=1"]
-    j = json.loads(sh(args))["jobs"][0]
-    lat = j["sync"]["lat_ns"] if what == "sync" else j["read"]["lat_ns"]
-    for f in os.listdir(d):
-        if f.startswith(("sync.", "read.")):
-            os.unlink(os.path.join(d, f))
+    try:
+        j = json.loads(sh(args))["jobs"][0]
+    finally:
+        for f in os.listdir(d):
+            if f.startswith(("sync.", "read.")):
+                os.unlink(os.path.join(d, f))
+    if what == "sync":
+        lat = j["sync"]["lat_ns"]
+    else:
+        lat = j["read"]["lat_ns"] if "percentile" in j["read"].get("lat_ns", {}) else j["read"]["clat_ns"]
     return {"p50": lat["percentile"]["50.000000"] / 1e9,
             "p99": lat["percentile"]["99.000000"] / 1e9,
-            "n": lat.get("N", 0)}
+            "n": lat.get("N", 0),
+            "cpu_s": (j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] / 1000}
 
 
-def run_pairs(binary, d, pairs, seconds, fio_default=False, sync_engine=False):
-    """Interleaved pairs; the first tool alternates from pair to pair.
+FIO_ARMS = [("sync", "b2b"), ("sync", "idle"), ("read", "b2b"), ("read", "idle")]
+# (exporter op, exporter phase, fio arm) of each ratio.
+RATIOS = [("sync", "busy", ("sync", "b2b")), ("sync", "after_idle", ("sync", "idle")),
+          ("read", "busy", ("read", "b2b")), ("read", "after_idle", ("read", "idle"))]
 
-    Returns {"sync": [(exporter, fio), ...], "read": [...],
-    "sync_fio_default": [fio, ...] (only with fio_default),
-    "sync_engine_sync": [(exporter --engine sync, fio), ...] (only with
-    sync_engine: a third arm in each sync pair, compared with the same fio
-    run; the order of the three rotates)}."""
-    rows = {"sync": [], "read": [], "sync_fio_default": [], "sync_engine_sync": []}
+
+def run_pairs(binary, d, pairs, daemon_seconds=60, fio_seconds=4, fio_idle_seconds=25,
+              think="1s", logdir=None):
+    """Interleaved pairs; daemon first in even pairs, fio first in odd ones.
+
+    Returns [{"daemon": daemon(...), "fio": {"sync b2b": fio(...), "sync
+    idle": ..., "read b2b": ..., "read idle": ...}, "order": "df"|"fd"}]."""
+    rows = []
     for i in range(pairs):
-        first_exporter = i % 2 == 0
-        for what in ["sync", "read"]:
-            arms = ["e", "f"] if first_exporter else ["f", "e"]
-            if what == "sync" and sync_engine:
-                arms = ["e", "f", "s"][i % 3:] + ["e", "f", "s"][:i % 3]
-            got = {}
-            for arm in arms:
-                if arm == "e":
-                    got[arm] = exporter(binary, d, seconds, what)
-                elif arm == "f":
-                    got[arm] = fio(d, seconds, what)
-                else:
-                    got[arm] = exporter(binary, d, seconds, what, engine="sync")
-            e, f = got["e"], got["f"]
-            rows[what].append((e, f))
-            msg = (f"  pair {i+1} {what:5} exporter p50 {e['p50']*1e6:8.1f} us p99 {e['p99']*1e6:8.1f} us"
-                   f" | fio p50 {f['p50']*1e6:8.1f} us p99 {f['p99']*1e6:8.1f} us")
-            if "s" in got:
-                rows["sync_engine_sync"].append((got["s"], f))
-                msg += f" | exporter --engine sync p50 {got['s']['p50']*1e6:8.1f} us"
-            log(msg + f"  (order {''.join(arms)})")
-        if fio_default:
-            rows["sync_fio_default"].append(fio(d, seconds, "sync", overwrite=False))
+        order = "df" if i % 2 == 0 else "fd"
+        got = {"order": order, "fio": {}}
+        for arm in order:
+            if arm == "d":
+                lf = os.path.join(logdir, f"exporter-fidelity-{i + 1}.log") if logdir else None
+                got["daemon"] = daemon(binary, d, daemon_seconds, lf)
+            else:
+                for what, kind in FIO_ARMS:
+                    got["fio"][f"{what} {kind}"] = fio(
+                        d, fio_seconds if kind == "b2b" else fio_idle_seconds, what,
+                        thinktime=None if kind == "b2b" else think)
+        e, f = got["daemon"], got["fio"]
+        parts = []
+        for op, ph, (what, kind) in RATIOS:
+            x, y = e[op][ph]["p50"], f[f"{what} {kind}"]["p50"]
+            parts.append(f"{op} {ph} {x * 1e6 if x else float('nan'):.1f} us ({e[op][ph]['samples']})"
+                         f" / fio {kind} {y * 1e6:.1f} us ({f[f'{what} {kind}']['n']})"
+                         f" = {x / y if x else float('nan'):.3f}")
+        log(f"  pair {i + 1} (order {order}): " + "; ".join(parts))
+        rows.append(got)
     return rows
 
 
@@ -118,20 +216,26 @@ def summary(ratios):
 
 
 def summarize(rows):
-    """{("sync"|"read", "p50"|"p99"): {exporter, fio (medians), min, median, max}}
-    (and ("sync_engine_sync", ...) when run_pairs ran that arm)."""
+    """{(op, phase): {exporter, fio (medians of the p50s), min, median, max
+    (of the per-pair ratios), pairs, samples (median exporter window
+    samples), fio_n (median fio samples), fio_arm}}. A pair whose exporter
+    published no such p50 is left out of that ratio (pairs says how many
+    counted)."""
     out = {}
-    for what in ["sync", "read", "sync_engine_sync"]:
-        if not rows.get(what):
+    for op, ph, (what, kind) in RATIOS:
+        arm = f"{what} {kind}"
+        got = [(r["daemon"][op][ph], r["fio"][arm]) for r in rows if r["daemon"][op][ph]["p50"]]
+        if not got:
+            out[(op, ph)] = None
             continue
-        for q in ["p50", "p99"]:
-            ratios = [e[q] / f[q] for e, f in rows[what]]
-            lo, med, hi = summary(ratios)
-            out[(what, q)] = {
-                "exporter": statistics.median(e[q] for e, _ in rows[what]),
-                "fio": statistics.median(f[q] for _, f in rows[what]),
-                "min": lo, "median": med, "max": hi, "pairs": len(ratios),
-            }
+        lo, med, hi = summary([e["p50"] / f["p50"] for e, f in got])
+        out[(op, ph)] = {
+            "exporter": statistics.median(e["p50"] for e, _ in got),
+            "fio": statistics.median(f["p50"] for _, f in got),
+            "min": lo, "median": med, "max": hi, "pairs": len(got),
+            "samples": statistics.median(e["samples"] for e, _ in got),
+            "fio_n": statistics.median(f["n"] for _, f in got), "fio_arm": arm,
+        }
     return out
 
 
@@ -174,10 +278,16 @@ def pg_test_fsync(bin_dir, path, seconds=2, env=None):
     return result[0], result[1], lines
 
 
+def _on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--seconds", type=int, default=10)
+    ap.add_argument("--daemon-seconds", type=int, default=60)
+    ap.add_argument("--fio-seconds", type=int, default=4)
+    ap.add_argument("--fio-idle-seconds", type=int, default=25)
     ap.add_argument("--dir")
     ap.add_argument("--bin", default="target/release/pg-storage-exporter")
     ap.add_argument("--pg-test-fsync", metavar="PG_BIN_DIR",
@@ -185,42 +295,36 @@ def main():
     a = ap.parse_args()
     if not shutil.which("fio"):
         sys.exit("fio not found: apt-get install fio")
+    for sig in ["SIGTERM", "SIGHUP"]:
+        signal.signal(getattr(signal, sig), _on_signal)
     d = a.dir or tempfile.mkdtemp(prefix="pgse-fidelity-", dir="/var/tmp")
     try:
-        rows = run_pairs(a.bin, d, a.pairs, a.seconds, fio_default=True)
-        eng = []
-        for i in range(a.pairs):
-            order = ["io_uring", "sync"] if i % 2 == 0 else ["sync", "io_uring"]
-            r = {k: exporter(a.bin, d, a.seconds, "sync", engine=k) for k in order}
-            eng.append(r)
-            log(f"  pair {i+1} engines sync p50 io_uring {r['io_uring']['p50']*1e6:.1f} us"
-                f" syscall {r['sync']['p50']*1e6:.1f} us")
+        rows = run_pairs(os.path.abspath(a.bin), d, a.pairs, a.daemon_seconds, a.fio_seconds,
+                         a.fio_idle_seconds)
         tf = None
         if a.pg_test_fsync:
-            before = exporter(a.bin, d, a.seconds, "sync")
+            before = exporter(a.bin, d, 4, "sync")
             ops, _, _ = pg_test_fsync(a.pg_test_fsync, os.path.join(d, "pg_test_fsync.out"))
-            after = exporter(a.bin, d, a.seconds, "sync")
+            after = exporter(a.bin, d, 4, "sync")
             tf = (ops, (before["commits_per_s"] + after["commits_per_s"]) / 2)
     finally:
         if not a.dir:
             shutil.rmtree(d, ignore_errors=True)
 
-    print(f"\nfidelity: {a.pairs} interleaved pairs of {a.seconds} s in {d}")
-    print(f"{'metric':<28}{'exporter med':>14}{'fio med':>12}{'ratio min':>11}{'median':>9}{'max':>8}")
-    for (what, q), s in summarize(rows).items():
-        if what == "sync_engine_sync":
-            what = "sync (--engine sync)"
-        print(f"{what + ' ' + q:<28}{s['exporter']*1e6:>11.1f} us{s['fio']*1e6:>9.1f} us"
+    print(f"\nfidelity: {a.pairs} interleaved pairs (exporter at defaults for {a.daemon_seconds} s; "
+          f"fio {a.fio_seconds} s back to back, {a.fio_idle_seconds} s with 1 s think time) in {d}")
+    print(f"{'exporter p50 / fio p50':<40}{'exporter med':>14}{'fio med':>12}{'ratio min':>11}"
+          f"{'median':>9}{'max':>8}")
+    for (op, ph), s in summarize(rows).items():
+        name = f"{op} {ph} / fio {'back to back' if ph == 'busy' else '1 s think time'}"
+        if s is None:
+            print(f"{name:<40}  (no exporter figure)")
+            continue
+        print(f"{name:<40}{s['exporter']*1e6:>11.1f} us{s['fio']*1e6:>9.1f} us"
               f"{s['min']:>11.3f}{s['median']:>9.3f}{s['max']:>8.3f}")
-    fdm = statistics.median(x["p50"] for x in rows["sync_fio_default"])
-    print(f"{'fio sync p50, no overwrite':<28}{'':>14}{fdm*1e6:>9.1f} us   (fio's default fallocate layout)")
-    ratios = [r["io_uring"]["p50"] / r["sync"]["p50"] for r in eng]
-    lo, med, hi = summary(ratios)
-    print(f"{'engines sync p50 uring/sys':<28}"
-          f"{statistics.median(r['io_uring']['p50'] for r in eng)*1e6:>11.1f} us"
-          f"{statistics.median(r['sync']['p50'] for r in eng)*1e6:>9.1f} us{lo:>11.3f}{med:>9.3f}{hi:>8.3f}")
     if tf:
-        print(f"{'commits/s vs pg_test_fsync':<28}{tf[1]:>11.0f} /s{tf[0]:>9.0f} /s{'':>11}{tf[1]/tf[0]:>9.3f}")
+        print(f"{'check commits/s vs pg_test_fsync':<40}{tf[1]:>11.0f} /s{tf[0]:>9.0f} /s{'':>11}"
+              f"{tf[1]/tf[0]:>9.3f}")
 
 
 if __name__ == "__main__":

@@ -79,7 +79,7 @@ pub struct Cli {
     pub interval: Option<Duration>,
 
     /// Time between bursts for the busy figure, for --probe.path volumes
-    /// (default 30s; 0s turns bursts off). Each burst is 24 back-to-back
+    /// (default 40s; 0s turns bursts off). Each burst is 24 back-to-back
     /// commit probes and 64 reads; the second half of each is the busy
     /// figure.
     #[arg(long = "probe.busy-every", value_parser = parse_duration, value_name = "DURATION")]

@@ -95,7 +95,7 @@ fn configured_cgroup_and_provisioned_limits() {
     );
     assert!(m.contains("pgstorage_io_limit_cgroup_info{volume=\"v\",scope=\"configured\",cgroup=\"/system.slice/postgresql.service\",version=\"v2\""), "{m}");
     // The 500 write-IOPS cap is PostgreSQL's cgroup's alone and 3000 IOPS
-    // provisioned dwarf the probes' 11.6 planned writes/s: no stretch.
+    // provisioned dwarf the probes' 11.2 planned writes/s: no stretch.
     assert_eq!(
         sample(&m, "pgstorage_probe_slowdown_ratio{volume=\"v\"}"),
         Some(1.0),
@@ -144,9 +144,9 @@ fn a_cap_that_counts_the_probes_stretches_their_schedule() {
     let vol = dir.path().join("vol");
     std::fs::create_dir(&vol).unwrap();
     let cfg = dir.path().join("c.toml");
-    // 1 lone commit per 200 ms + 24 per 30 s = 5.8 commits/s; at 2 device
-    // writes each (the assumption until measured) 11.6 writes/s, 11.6 % of
-    // 100 write IOPS: stretched 5.8 times to reach 2 %.
+    // 1 lone commit per 200 ms + 24 per 40 s = 5.6 commits/s; at 2 device
+    // writes each (the assumption until measured) 11.2 writes/s, 11.2 % of
+    // 100 write IOPS: stretched 5.6 times to reach 2 %.
     std::fs::write(
         &cfg,
         format!(
@@ -162,7 +162,7 @@ fn a_cap_that_counts_the_probes_stretches_their_schedule() {
         sample(m, "pgstorage_probe_slowdown_ratio{volume=\"v\"}").is_some_and(|r| r > 1.0)
     });
     let r = sample(&m, "pgstorage_probe_slowdown_ratio{volume=\"v\"}").unwrap();
-    // 5.8 with the assumed 2 writes per commit; the measured figure (when
+    // 5.6 with the assumed 2 writes per commit; the measured figure (when
     // the exporter has a cgroup of its own) moves it, within reason.
     assert!((2.0..30.0).contains(&r), "slowdown {r}");
     ex.wait_log("probe schedule stretched", Duration::from_secs(10));

@@ -164,73 +164,9 @@ fn dashboards_cover_what_the_issue_asks_for() {
     );
 }
 
-/// The probe families whose series carry `phase` (busy | after_idle).
-const PHASED_FAMILIES: &[&str] = &[
-    "pgstorage_probe_seconds",
-    "pgstorage_probe_window_seconds",
-    "pgstorage_probe_window_samples",
-];
-
-/// Selectors on the phased probe families, and on series recorded from
-/// them (`instance_volume_op:pgstorage_probe_seconds:*`), that have no
-/// `phase` matcher, as written (`name{...}`), and how many selectors on them
-/// the expression has in all. Without a phase matcher a query returns both
-/// phases, and a sum over buckets mixes them into a distribution that
-/// describes neither.
-fn selectors_without_phase(expr: &str) -> (Vec<String>, usize) {
-    let bytes = expr.as_bytes();
-    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b':';
-    let (mut missing, mut seen) = (Vec::new(), 0);
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b == b'"' || b == b'\'' || b == b'`' {
-            // Skip the string literal.
-            i += 1;
-            while i < bytes.len() && bytes[i] != b {
-                if bytes[i] == b'\\' {
-                    i += 1;
-                }
-                i += 1;
-            }
-            i += 1;
-        } else if b.is_ascii_alphabetic() || b == b'_' {
-            let start = i;
-            while i < bytes.len() && ident(bytes[i]) {
-                i += 1;
-            }
-            let name = &expr[start..i];
-            let phased = name.split(':').any(|part| {
-                PHASED_FAMILIES.iter().any(|f| {
-                    part.strip_prefix(f)
-                        .is_some_and(|s| matches!(s, "" | "_bucket" | "_sum" | "_count"))
-                })
-            });
-            if phased {
-                seen += 1;
-                let rest = expr[i..].trim_start();
-                let sel = if rest.starts_with('{') {
-                    &rest[..rest.find('}').map_or(rest.len(), |j| j + 1)]
-                } else {
-                    ""
-                };
-                if !["phase=", "phase!=", "phase!~"]
-                    .iter()
-                    .any(|m| sel.contains(m))
-                {
-                    missing.push(format!("{name}{sel}"));
-                }
-            }
-        } else {
-            i += 1;
-        }
-    }
-    (missing, seen)
-}
-
 #[test]
 fn the_phase_check_sees_what_it_should() {
-    let (m, n) = selectors_without_phase(
+    let (m, n) = kit::selectors_without_phase(
         "sum by (le) (rate(pgstorage_probe_seconds_bucket{op=\"sync\"}[5m])) \
          / pgstorage_probe_window_samples \
          + pgstorage_probe_window_seconds{phase=\"busy\", op=\"read\"} \
@@ -254,7 +190,7 @@ fn probe_queries_pick_a_phase() {
     let mut missing = Vec::new();
     for (file, d) in kit::dashboards() {
         for q in kit::dashboard_queries(&file, &d) {
-            let (m, n) = selectors_without_phase(&q.raw);
+            let (m, n) = kit::selectors_without_phase(&q.raw);
             checked += n;
             missing.extend(m.into_iter().map(|s| format!("{file}: {}: {s}", q.title)));
         }

@@ -221,76 +221,13 @@ fn every_alert_is_tested_firing_and_silent() {
     );
 }
 
-/// The probe families whose series carry `phase` (busy | after_idle).
-const PHASED_FAMILIES: &[&str] = &[
-    "pgstorage_probe_seconds",
-    "pgstorage_probe_window_seconds",
-    "pgstorage_probe_window_samples",
-];
-
-/// Selectors on the phased probe families, and on series recorded from
-/// them (`instance_volume_op:pgstorage_probe_seconds:*`), that have no
-/// `phase` matcher, as written (`name{...}`), and how many selectors on them
-/// the text has in all. (tests/dashboards.rs has the same check for the
-/// dashboards.)
-fn selectors_without_phase(expr: &str) -> (Vec<String>, usize) {
-    let bytes = expr.as_bytes();
-    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b':';
-    let (mut missing, mut seen) = (Vec::new(), 0);
-    let mut i = 0;
-    while i < bytes.len() {
-        let b = bytes[i];
-        if b == b'"' || b == b'\'' || b == b'`' {
-            // Skip the string literal.
-            i += 1;
-            while i < bytes.len() && bytes[i] != b {
-                if bytes[i] == b'\\' {
-                    i += 1;
-                }
-                i += 1;
-            }
-            i += 1;
-        } else if b.is_ascii_alphabetic() || b == b'_' {
-            let start = i;
-            while i < bytes.len() && ident(bytes[i]) {
-                i += 1;
-            }
-            let name = &expr[start..i];
-            let phased = name.split(':').any(|part| {
-                PHASED_FAMILIES.iter().any(|f| {
-                    part.strip_prefix(f)
-                        .is_some_and(|s| matches!(s, "" | "_bucket" | "_sum" | "_count"))
-                })
-            });
-            if phased {
-                seen += 1;
-                let rest = expr[i..].trim_start();
-                let sel = if rest.starts_with('{') {
-                    &rest[..rest.find('}').map_or(rest.len(), |j| j + 1)]
-                } else {
-                    ""
-                };
-                if !["phase=", "phase!=", "phase!~"]
-                    .iter()
-                    .any(|m| sel.contains(m))
-                {
-                    missing.push(format!("{name}{sel}"));
-                }
-            }
-        } else {
-            i += 1;
-        }
-    }
-    (missing, seen)
-}
-
 /// Every rule that reads the probe families (or what is recorded from them)
 /// picks a phase: busy for rates, quantiles, the baseline and the alerts,
 /// after_idle only in the after_idle_* recordings. The rule files keep one
 /// key per line; comments and the `record:` names are left out.
 #[test]
 fn rules_on_the_probe_families_pick_a_phase() {
-    let (m, n) = selectors_without_phase(
+    let (m, n) = kit::selectors_without_phase(
         "rate(pgstorage_probe_seconds_bucket{op=\"sync\"}[5m]) \
          + instance_volume_op:pgstorage_probe_seconds:p99_1h{phase=\"busy\"}",
     );
@@ -305,7 +242,7 @@ fn rules_on_the_probe_families_pick_a_phase() {
             if t.starts_with('#') || t.starts_with("- record:") {
                 continue;
             }
-            let (m, n) = selectors_without_phase(line);
+            let (m, n) = kit::selectors_without_phase(line);
             checked += n;
             missing.extend(m.into_iter().map(|s| format!("{f}:{}: {s}", i + 1)));
         }

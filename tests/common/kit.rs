@@ -313,6 +313,48 @@ fn identifiers(expr: &str) -> Vec<(usize, &str)> {
     out
 }
 
+/// The probe families whose series carry `phase` (busy | after_idle).
+pub const PHASED_FAMILIES: &[&str] = &[
+    "pgstorage_probe_seconds",
+    "pgstorage_probe_window_seconds",
+    "pgstorage_probe_window_samples",
+];
+
+/// Selectors on the phased probe families, and on series recorded from
+/// them (`instance_volume_op:pgstorage_probe_seconds:*`), that have no
+/// `phase` matcher, as written (`name{...}`), and how many selectors on them
+/// the expression has in all. Without a phase matcher a query returns both
+/// phases, and a sum over buckets mixes them into a distribution that
+/// describes neither.
+pub fn selectors_without_phase(expr: &str) -> (Vec<String>, usize) {
+    let (mut missing, mut seen) = (Vec::new(), 0);
+    for (start, name) in identifiers(expr) {
+        let phased = name.split(':').any(|part| {
+            PHASED_FAMILIES.iter().any(|f| {
+                part.strip_prefix(f)
+                    .is_some_and(|s| matches!(s, "" | "_bucket" | "_sum" | "_count"))
+            })
+        });
+        if !phased {
+            continue;
+        }
+        seen += 1;
+        let rest = expr[start + name.len()..].trim_start();
+        let sel = if rest.starts_with('{') {
+            &rest[..rest.find('}').map_or(rest.len(), |j| j + 1)]
+        } else {
+            ""
+        };
+        if !["phase=", "phase!=", "phase!~"]
+            .iter()
+            .any(|m| sel.contains(m))
+        {
+            missing.push(format!("{name}{sel}"));
+        }
+    }
+    (missing, seen)
+}
+
 /// Metric names in the catalogue tables of docs/metrics.md.
 pub fn documented_metrics() -> Vec<String> {
     let text = std::fs::read_to_string(repo("docs/metrics.md")).unwrap();

@@ -34,9 +34,17 @@ pub struct EngineUnavailable {
 }
 
 /// An engine ready to probe, owning its buffers (so that IO still in flight
-/// when something goes wrong can never write into freed memory).
+/// when something goes wrong can never write into freed memory). Reads go
+/// through the chosen engine; commits are plain syscalls either way
+/// ([`syscall::Committer`]).
 #[derive(Debug)]
-pub enum Engine {
+pub struct Engine {
+    reads: Reads,
+    commits: syscall::Committer,
+}
+
+#[derive(Debug)]
+enum Reads {
     // Boxed: the ring is large and the engine is built once per volume.
     IoUring(Box<uring::UringEngine>),
     Sync(syscall::SyncEngine),
@@ -46,22 +54,27 @@ impl Engine {
     /// Builds the engine for `choice`. With `auto`, falls back to syscalls
     /// and returns why in the second field, for the log.
     pub fn new(choice: EngineChoice) -> Result<(Engine, Option<String>), EngineUnavailable> {
-        match choice {
-            EngineChoice::Sync => Ok((Engine::Sync(syscall::SyncEngine::new()), None)),
+        let (reads, fallback) = match choice {
+            EngineChoice::Sync => (Reads::Sync(syscall::SyncEngine::new()), None),
             EngineChoice::IoUring => uring::UringEngine::new()
-                .map(|e| (Engine::IoUring(Box::new(e)), None))
-                .map_err(|reason| EngineUnavailable { reason }),
+                .map(|e| (Reads::IoUring(Box::new(e)), None))
+                .map_err(|reason| EngineUnavailable { reason })?,
             EngineChoice::Auto => match uring::UringEngine::new() {
-                Ok(e) => Ok((Engine::IoUring(Box::new(e)), None)),
-                Err(reason) => Ok((Engine::Sync(syscall::SyncEngine::new()), Some(reason))),
+                Ok(e) => (Reads::IoUring(Box::new(e)), None),
+                Err(reason) => (Reads::Sync(syscall::SyncEngine::new()), Some(reason)),
             },
-        }
+        };
+        let engine = Engine {
+            reads,
+            commits: syscall::Committer::new(),
+        };
+        Ok((engine, fallback))
     }
 
     pub fn kind(&self) -> EngineKind {
-        match self {
-            Engine::IoUring(_) => EngineKind::IoUring,
-            Engine::Sync(_) => EngineKind::Sync,
+        match self.reads {
+            Reads::IoUring(_) => EngineKind::IoUring,
+            Reads::Sync(_) => EngineKind::Sync,
         }
     }
 
@@ -73,26 +86,23 @@ impl Engine {
         offset: u64,
         method: SyncMethod,
     ) -> Result<CommitTiming, IoFailure> {
-        match self {
-            Engine::IoUring(e) => e.commit(fd, offset, method),
-            Engine::Sync(e) => e.commit(fd, offset, method),
-        }
+        self.commits.commit(fd, offset, method)
     }
 
     /// One 8 KiB `O_DIRECT` read at `offset`.
     pub fn read(&mut self, fd: RawFd, offset: u64) -> Result<Duration, IoFailure> {
-        match self {
-            Engine::IoUring(e) => e.read(fd, offset),
-            Engine::Sync(e) => e.read(fd, offset),
+        match &mut self.reads {
+            Reads::IoUring(e) => e.read(fd, offset),
+            Reads::Sync(e) => e.read(fd, offset),
         }
     }
 
     /// True when the engine can no longer be trusted (io_uring state lost)
     /// and must be rebuilt.
     pub fn is_poisoned(&self) -> bool {
-        match self {
-            Engine::IoUring(e) => e.is_poisoned(),
-            Engine::Sync(_) => false,
+        match &self.reads {
+            Reads::IoUring(e) => e.is_poisoned(),
+            Reads::Sync(_) => false,
         }
     }
 }

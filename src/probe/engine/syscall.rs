@@ -12,9 +12,7 @@ use crate::types::{Op, SyncMethod};
 
 #[derive(Debug)]
 pub struct SyncEngine {
-    write_buf: Vec<u8>,
     read_buf: AlignedBuf,
-    seq: u64,
 }
 
 impl Default for SyncEngine {
@@ -38,80 +36,89 @@ fn retry_eintr(mut f: impl FnMut() -> isize) -> Result<isize, i32> {
     }
 }
 
-/// One commit probe with plain syscalls: `pwrite` of the next block, then
-/// `fdatasync`/`fsync` when the method has a separate sync call. Both
-/// engines commit this way, because PostgreSQL does: it writes and syncs
-/// WAL with plain syscalls under every `io_method` (18's io_uring is for
-/// data-file reads), and io_uring has no non-blocking fsync, so it hands the
-/// sync to a kernel worker thread: one more wake-up per commit. Measured on
-/// the build machine, back to back: io_uring commits p50 97-100 µs at 35 µs
-/// of CPU each, these 78-89 µs at 21-22 µs.
-pub(crate) fn commit(
-    buf: &mut [u8],
-    seq: &mut u64,
-    fd: RawFd,
-    offset: u64,
-    method: SyncMethod,
-) -> Result<super::CommitTiming, IoFailure> {
-    *seq += 1;
-    super::stamp(buf, *seq);
-    let len = buf.len().min(BLOCK_SIZE);
-    let fail = |op, cause| IoFailure { op, cause };
-    let t0 = Instant::now();
-    // SAFETY: buf is valid for reads of `len` bytes for the whole call (a
-    // borrowed slice of at least that length), and pwrite only reads it.
-    let n = retry_eintr(|| unsafe {
-        libc::pwrite(fd, buf.as_ptr().cast(), len, offset as libc::off_t)
-    })
-    .map_err(|e| fail(Op::Write, Cause::Errno(e)))?;
-    let t1 = Instant::now();
-    if n as usize != BLOCK_SIZE {
-        return Err(fail(Op::Write, Cause::Short));
-    }
-    if !method.has_sync_call() {
-        let d = t1 - t0;
-        return Ok(super::CommitTiming {
-            write: d,
-            sync: None,
-            commit: d,
-        });
-    }
-    // SAFETY: fdatasync/fsync take only a descriptor and touch no memory of
-    // ours; a stale descriptor yields EBADF, never undefined behaviour.
-    retry_eintr(|| unsafe {
-        (if method == SyncMethod::Fdatasync {
-            libc::fdatasync(fd)
-        } else {
-            libc::fsync(fd)
-        }) as isize
-    })
-    .map_err(|e| fail(Op::Sync, Cause::Errno(e)))?;
-    let t2 = Instant::now();
-    Ok(super::CommitTiming {
-        write: t1 - t0,
-        sync: Some(t2 - t1),
-        commit: t2 - t0,
-    })
+/// The commit probe's state: the payload of the next WAL block and its
+/// sequence number. The same for both engines (see [`Committer::commit`]).
+#[derive(Debug)]
+pub struct Committer {
+    buf: Vec<u8>,
+    seq: u64,
 }
 
-impl SyncEngine {
-    pub fn new() -> SyncEngine {
-        let mut write_buf = vec![0u8; BLOCK_SIZE];
-        Rng::seeded().fill(&mut write_buf);
-        SyncEngine {
-            write_buf,
-            read_buf: AlignedBuf::new(BLOCK_SIZE),
-            seq: 0,
-        }
+impl Default for Committer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Committer {
+    pub fn new() -> Committer {
+        let mut buf = vec![0u8; BLOCK_SIZE];
+        Rng::seeded().fill(&mut buf);
+        Committer { buf, seq: 0 }
     }
 
+    /// One commit probe with plain syscalls: `pwrite` of the next block, then
+    /// `fdatasync`/`fsync` when the method has a separate sync call. Both
+    /// engines commit this way, because PostgreSQL does: it writes and syncs
+    /// WAL with plain syscalls under every `io_method` (18's io_uring is for
+    /// data-file reads), and io_uring has no non-blocking fsync, so it hands the
+    /// sync to a kernel worker thread: one more wake-up per commit. Measured on
+    /// the build machine, back to back: io_uring commits p50 97-100 µs at 35 µs
+    /// of CPU each, these 78-89 µs at 21-22 µs.
     pub fn commit(
         &mut self,
         fd: RawFd,
         offset: u64,
         method: SyncMethod,
     ) -> Result<super::CommitTiming, IoFailure> {
-        commit(&mut self.write_buf, &mut self.seq, fd, offset, method)
+        self.seq += 1;
+        super::stamp(&mut self.buf, self.seq);
+        let buf = &self.buf;
+        let len = buf.len().min(BLOCK_SIZE);
+        let fail = |op, cause| IoFailure { op, cause };
+        let t0 = Instant::now();
+        // SAFETY: buf is valid for reads of `len` bytes for the whole call (a
+        // borrowed slice of at least that length), and pwrite only reads it.
+        let n = retry_eintr(|| unsafe {
+            libc::pwrite(fd, buf.as_ptr().cast(), len, offset as libc::off_t)
+        })
+        .map_err(|e| fail(Op::Write, Cause::Errno(e)))?;
+        let t1 = Instant::now();
+        if n as usize != BLOCK_SIZE {
+            return Err(fail(Op::Write, Cause::Short));
+        }
+        if !method.has_sync_call() {
+            let d = t1 - t0;
+            return Ok(super::CommitTiming {
+                write: d,
+                sync: None,
+                commit: d,
+            });
+        }
+        // SAFETY: fdatasync/fsync take only a descriptor and touch no memory of
+        // ours; a stale descriptor yields EBADF, never undefined behaviour.
+        retry_eintr(|| unsafe {
+            (if method == SyncMethod::Fdatasync {
+                libc::fdatasync(fd)
+            } else {
+                libc::fsync(fd)
+            }) as isize
+        })
+        .map_err(|e| fail(Op::Sync, Cause::Errno(e)))?;
+        let t2 = Instant::now();
+        Ok(super::CommitTiming {
+            write: t1 - t0,
+            sync: Some(t2 - t1),
+            commit: t2 - t0,
+        })
+    }
+}
+
+impl SyncEngine {
+    pub fn new() -> SyncEngine {
+        SyncEngine {
+            read_buf: AlignedBuf::new(BLOCK_SIZE),
+        }
     }
 
     pub fn read(&mut self, fd: RawFd, offset: u64) -> Result<Duration, IoFailure> {

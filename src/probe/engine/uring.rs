@@ -6,7 +6,7 @@
 //! always handed to a kernel worker thread (there is no non-blocking
 //! fsync), which added 12-24 % to the back-to-back commit latency and 40 %
 //! to its CPU on the build machine. So both engines commit with
-//! [`super::syscall::commit`].
+//! [`super::syscall::Committer`] (held by [`super::Engine`]).
 //!
 //! The engine owns its buffers and never returns while an SQE that points at
 //! them may still be in flight; if the ring itself fails mid-operation it is
@@ -19,23 +19,20 @@ use io_uring::{IoUring, opcode, types};
 
 use crate::config::BLOCK_SIZE;
 use crate::probe::files::AlignedBuf;
-use crate::probe::{Cause, IoFailure, Rng};
-use crate::types::{Op, SyncMethod};
+use crate::probe::{Cause, IoFailure};
+use crate::types::Op;
 
 const READ: u64 = 3;
 
 pub struct UringEngine {
     ring: Option<IoUring>,
-    write_buf: AlignedBuf,
     read_buf: AlignedBuf,
-    seq: u64,
     poisoned: bool,
 }
 
 impl std::fmt::Debug for UringEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UringEngine")
-            .field("seq", &self.seq)
             .field("poisoned", &self.poisoned)
             .finish_non_exhaustive()
     }
@@ -84,13 +81,9 @@ impl UringEngine {
             .build(4)
             .or_else(|_| IoUring::new(4))
             .map_err(|e| explain(&e))?;
-        let mut write_buf = AlignedBuf::new(BLOCK_SIZE);
-        Rng::seeded().fill(write_buf.as_mut_slice());
         Ok(UringEngine {
             ring: Some(ring),
-            write_buf,
             read_buf: AlignedBuf::new(BLOCK_SIZE),
-            seq: 0,
             poisoned: false,
         })
     }
@@ -99,16 +92,14 @@ impl UringEngine {
         self.poisoned
     }
 
-    /// Poisons the engine: the kernel may still own our buffers, so they
+    /// Poisons the engine: the kernel may still own the read buffer, so it
     /// and the ring are leaked (a few KiB, once per failure of the ring).
     fn poison(&mut self, op: Op, errno: i32) -> IoFailure {
         self.poisoned = true;
         if let Some(ring) = self.ring.take() {
             std::mem::forget(ring);
         }
-        let w = std::mem::replace(&mut self.write_buf, AlignedBuf::new(BLOCK_SIZE));
         let r = std::mem::replace(&mut self.read_buf, AlignedBuf::new(BLOCK_SIZE));
-        std::mem::forget(w);
         std::mem::forget(r);
         IoFailure {
             op,
@@ -155,23 +146,6 @@ impl UringEngine {
             }
         }
         Ok(out)
-    }
-
-    /// A commit probe: plain syscalls, as PostgreSQL writes WAL (see
-    /// [`super::syscall::commit`]); the ring is for reads.
-    pub fn commit(
-        &mut self,
-        fd: RawFd,
-        offset: u64,
-        method: SyncMethod,
-    ) -> Result<super::CommitTiming, IoFailure> {
-        super::syscall::commit(
-            self.write_buf.as_mut_slice(),
-            &mut self.seq,
-            fd,
-            offset,
-            method,
-        )
     }
 
     pub fn read(&mut self, fd: RawFd, offset: u64) -> Result<Duration, IoFailure> {

@@ -21,6 +21,7 @@ use axum::routing::get;
 
 use crate::metrics::{Format, Metrics};
 use crate::probe::set::VolumeSet;
+use crate::types::{Op, Phase};
 
 #[derive(Debug)]
 pub struct AppState {
@@ -119,14 +120,12 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-use crate::types::{Op, Phase};
-
 async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
     let now = Instant::now();
     let mut rows = String::new();
     for v in &s.volumes.list() {
         let snap = v.snapshot(now, &[0.5, 0.99]);
-        let q = |op: crate::types::Op, phase: crate::types::Phase, k: usize| {
+        let q = |op: Op, phase: Phase, k: usize| {
             snap.quantiles(op, phase)
                 .and_then(|q| q.get(k))
                 .map(|x| crate::model::verdict::fmt_seconds(*x))

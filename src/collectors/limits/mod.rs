@@ -366,19 +366,11 @@ fn collect(
         // Caps that count the probes' own writes: the exporter's own cgroup
         // path (whatever ancestor sets it) and the provisioned figures. A cap
         // on PostgreSQL's cgroup alone does not see the probes.
-        let mut caps: Vec<f64> = v
+        let provisioned = v
             .provisioned
             .iter()
             .filter(|(r, _)| matches!(*r, "write_iops" | "iops"))
-            .map(|(_, n)| *n as f64)
-            .collect();
-        if let Some(o) = own.as_ref() {
-            caps.extend(
-                cgroup::effective_limits(o, &disk.majmin)
-                    .write_iops
-                    .map(|n| n as f64),
-            );
-        }
+            .map(|(_, n)| *n as f64);
         let planned = if v.commit_probe {
             let wpc = prev
                 .wpp
@@ -389,8 +381,17 @@ fn collect(
         } else {
             0.0
         };
-        let e = own_share.entry(disk.majmin.clone()).or_insert((None, 0.0));
-        e.0 = caps.into_iter().chain(e.0).reduce(f64::min);
+        // The exporter's cgroup limits on a disk are the same for every
+        // volume on it: read them once per disk and pass.
+        let e = own_share.entry(disk.majmin.clone()).or_insert_with(|| {
+            let own_cap = own.as_ref().and_then(|o| {
+                cgroup::effective_limits(o, &disk.majmin)
+                    .write_iops
+                    .map(|n| n as f64)
+            });
+            (own_cap, 0.0)
+        });
+        e.0 = provisioned.chain(e.0).reduce(f64::min);
         e.1 += planned;
     }
     for (v, snap) in &vols {

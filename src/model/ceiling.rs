@@ -3,7 +3,7 @@
 //! A backend that commits waits for its WAL record to be written and synced
 //! before it can send the next statement. With one client nothing else shares
 //! that sync (no group commit), so one client's commit rate cannot exceed
-//! 1 / (WAL write + sync latency). FACTS.md §1: a 0.89 ms sync gave 904 TPS at
+//! 1 / (WAL write + sync latency). In a published NVMe measurement a 0.89 ms sync gave 904 TPS at
 //! one client once the statement's own work was added.
 
 /// Upper bound on one client's commits per second for a given commit latency
@@ -33,7 +33,7 @@ pub fn mean_sync_seconds(earlier: (f64, f64), later: (f64, f64)) -> Option<f64> 
 
 /// The commit ceiling a write-IOPS cap imposes: each commit costs
 /// `writes_per_commit` device writes, so at most cap / writes commits per
-/// second get through, however fast the device is. FACTS.md §5: a 100 IOPS
+/// second get through, however fast the device is. On the build machine a 100 IOPS
 /// cap and ≈ 2.3 writes per write+fdatasync gave 44 commits/s.
 pub fn capped_ceiling(write_iops_cap: f64, writes_per_commit: f64) -> Option<f64> {
     if write_iops_cap > 0.0
@@ -69,7 +69,7 @@ mod tests {
     #[test]
     fn capped_ceilings() {
         assert!((capped_ceiling(100.0, 2.27).unwrap() - 44.05).abs() < 0.01);
-        // FACTS §2: btrfs needed 7-8 device writes per fdatasync: 100/7.5 ≈ 13.
+        // Published: btrfs needed 7-8 device writes per fdatasync: 100/7.5 ≈ 13.
         assert!((capped_ceiling(100.0, 7.5).unwrap() - 13.3).abs() < 0.1);
         assert_eq!(capped_ceiling(100.0, 0.0), None);
         assert_eq!(capped_ceiling(0.0, 2.0), None);
@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn postgres_mean_sync_table() {
-        // FACTS §5: pg_stat_io WAL fsync mean ≈ 223 µs uncapped, ≈ 23 ms capped.
+        // Build machine: pg_stat_io WAL fsync mean ≈ 223 µs uncapped, ≈ 23 ms capped.
         let cases = [
             ((1000.0, 0.5), (11000.0, 2.73), Some(0.000_223)),
             ((10.0, 1.0), (54.0, 2.012), Some(0.023)),
@@ -103,25 +103,37 @@ mod tests {
     fn ceilings_from_facts() {
         // (latency, expected ceiling, source)
         let cases = [
-            (0.000_889, 1125.0, "FACTS §1 fio fdatasync mean, 1 job"),
+            (
+                0.000_889,
+                1125.0,
+                "published NVMe: fio fdatasync mean, 1 job",
+            ),
             (
                 0.001_106,
                 904.0,
-                "FACTS §1 pgbench 1 client, 1.106 ms per commit",
+                "published NVMe: pgbench 1 client, 1.106 ms per commit",
             ),
             (
                 0.001,
                 1000.0,
-                "FACTS §1 1 ms sync caps one client at 1,000/s",
+                "published NVMe: 1 ms sync caps one client at 1,000/s",
             ),
-            (0.009, 111.1, "FACTS §1 9 ms sync caps one client at 111/s"),
+            (
+                0.009,
+                111.1,
+                "published NVMe: 9 ms sync caps one client at 111/s",
+            ),
             (
                 0.0734,
                 13.6,
-                "FACTS §2 write+fdatasync under a 100 IOPS cap",
+                "published cgroup cap: write+fdatasync under a 100 IOPS cap",
             ),
-            (0.0695, 14.4, "FACTS §2 pgbench 1 client under the cap"),
-            (0.000_151, 6622.5, "FACTS §5 build machine sync mean"),
+            (
+                0.0695,
+                14.4,
+                "published cgroup cap: pgbench 1 client under the cap",
+            ),
+            (0.000_151, 6622.5, "build machine: sync mean"),
         ];
         for (lat, want, why) in cases {
             let got = commit_ceiling(lat).unwrap();

@@ -2,9 +2,9 @@
 //!
 //! Little's law: IOPS = queue depth / mean latency. A device with spare
 //! parallelism answers deeper queues with more IOPS at similar latency
-//! (FACTS.md §1: 10k → 41k → 135k → 294k IOPS at QD 1/4/16/64). A cap
+//! (a published NVMe measurement: 10k → 41k → 135k → 294k IOPS at QD 1/4/16/64). A cap
 //! answers them with the same IOPS and proportionally longer latency
-//! (FACTS.md §2: 1,997 IOPS at QD 1 and 1,999 at QD 16, latency 0.5 → 8 ms).
+//! (a published cgroup-cap measurement: 1,997 IOPS at QD 1 and 1,999 at QD 16, latency 0.5 → 8 ms).
 //! That flat-IOPS, rising-latency shape is the plateau this module detects.
 
 use serde::Serialize;
@@ -78,7 +78,7 @@ mod tests {
     fn plateau_table() {
         let cases: Vec<(&str, Vec<DepthPoint>, Option<f64>)> = vec![
             (
-                "FACTS §1 NVMe: IOPS keeps growing, no plateau",
+                "published NVMe: IOPS keeps growing, no plateau",
                 vec![
                     p(1, 10_100.0, 98.0),
                     p(4, 41_500.0, 96.0),
@@ -88,7 +88,7 @@ mod tests {
                 None,
             ),
             (
-                "FACTS §2 read cap 2000: flat from QD 1",
+                "published cgroup cap: read cap 2000: flat from QD 1",
                 vec![
                     p(1, 1997.0, 500.0),
                     p(4, 1998.0, 2000.0),

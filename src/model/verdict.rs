@@ -1,6 +1,6 @@
 //! Plain-language warnings for `check`, computed from a run's statistics.
 //!
-//! Each rule encodes a storage fact from FACTS.md; the thresholds are the
+//! Each rule encodes a published or measured storage fact; the thresholds are the
 //! ones a DBA can defend in a review, not tuned to this machine.
 
 use serde::Serialize;
@@ -10,7 +10,7 @@ use crate::types::{Op, SyncMethod};
 /// A durable 8 KiB write needs at least one round trip to stable media; on
 /// flash with power-loss protection that is ~20–100 µs, on anything networked
 /// far more. Faster than this usually means a volatile write-back cache
-/// acknowledged before the data was durable (FACTS.md §2).
+/// acknowledged before the data was durable.
 pub const SUSPICIOUS_SYNC_SECONDS: f64 = 50e-6;
 
 /// p99.9 above this multiple of p50 is a heavy tail: some commits wait an
@@ -234,7 +234,7 @@ mod tests {
         cached.cache_served_reads = 12;
 
         let mut tail = base();
-        // FACTS §1: p99.9 306 µs vs ~98 µs is 3×, fine; 11× drift is not.
+        // Published NVMe figures: p99.9 306 µs vs ~98 µs is 3×, fine; 11× drift is not.
         tail.sync = Some(stats(900e-6, 10.3e-3, 5000));
 
         let mut tail_few = base();

@@ -1,0 +1,221 @@
+//! The metric contract: a full scrape of a fixed-configuration run (one
+//! configured volume with provisioned limits and a fixture cgroup v2 tree,
+//! one PostgreSQL 18 cluster whose data directory is discovered) compared
+//! against a golden list of series names and label sets
+//! (tests/golden/series.txt). A rename, a dropped label or a new family
+//! fails here until the golden file is updated on purpose:
+//! `PGSE_UPDATE_GOLDEN=1 cargo test --test golden`.
+//!
+//! Values are not compared; label values that depend on the machine or on
+//! timing (device names, versions, wait events seen, paths) are replaced by
+//! `*`, and the resulting set is deduplicated.
+
+// Test code: a panic is a failed assertion.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+#[path = "common/pg.rs"]
+mod pg;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use pg::{PgKind, PgServer};
+
+const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/series.txt");
+
+/// Labels whose values depend on the machine, the build or what happened
+/// to be sampled, not on the configuration.
+const VOLATILE: &[&str] = &[
+    "device",
+    "disk",
+    "majmin",
+    "fstype",
+    "mountpoint",
+    "path",
+    "version",
+    "revision",
+    "rustc",
+    "wait_event",
+    "wait_event_type",
+    "server_version",
+    "major",
+    "kernel",
+    "data_directory",
+    "goversion",
+    "reason",
+    "error",
+    "backend_type",
+    "object",
+    "context",
+];
+
+fn disk_of(p: &Path) -> String {
+    let dev = std::fs::metadata(p).unwrap().dev();
+    let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{mm}")).unwrap();
+    let disk = if dir.join("partition").exists() {
+        dir.parent().unwrap().to_path_buf()
+    } else {
+        dir
+    };
+    std::fs::read_to_string(disk.join("dev"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// `name{k="v",...} value` → `name{k="v",...}` with volatile values as `*`.
+fn normalize(line: &str) -> Option<String> {
+    if line.starts_with('#') || line.trim().is_empty() {
+        return None;
+    }
+    let series = match line.rfind(' ') {
+        Some(i) => &line[..i],
+        None => line,
+    };
+    let Some(open) = series.find('{') else {
+        return Some(series.to_string());
+    };
+    let name = &series[..open];
+    let body = series[open + 1..].trim_end_matches('}');
+    let mut labels = Vec::new();
+    let mut rest = body;
+    while let Some(eq) = rest.find("=\"") {
+        let key = rest[..eq].trim_start_matches(',').to_string();
+        let after = &rest[eq + 2..];
+        // Label values are escaped Prometheus strings: find the closing
+        // quote that is not preceded by a backslash.
+        let mut end = 0;
+        let bytes = after.as_bytes();
+        while end < bytes.len() {
+            if bytes[end] == b'\\' {
+                end += 2;
+                continue;
+            }
+            if bytes[end] == b'"' {
+                break;
+            }
+            end += 1;
+        }
+        let value = &after[..end.min(after.len())];
+        let shown = if VOLATILE.contains(&key.as_str()) {
+            "*"
+        } else {
+            value
+        };
+        labels.push(format!("{key}=\"{shown}\""));
+        rest = &after[(end + 1).min(after.len())..];
+    }
+    Some(format!("{name}{{{}}}", labels.join(",")))
+}
+
+/// Series that exist or not depending on what the device did: a read-IOPS
+/// plateau is only reported when this run's sweep happened to show one.
+fn depends_on_the_device(series: &str) -> bool {
+    series.contains("source=\"detected\"")
+}
+
+fn series_set(scrape: &str) -> BTreeSet<String> {
+    scrape
+        .lines()
+        .filter_map(normalize)
+        .filter(|s| !depends_on_the_device(s))
+        .collect()
+}
+
+#[test]
+fn full_scrape_matches_the_golden_series_list() {
+    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+        return;
+    };
+    pg.create_role("mon", "Mon-Pa55word-golden", true);
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    let disk = disk_of(&vol);
+    let cg = dir.path().join("cgroup");
+    std::fs::create_dir_all(cg.join("system.slice/postgresql.service")).unwrap();
+    std::fs::write(cg.join("cgroup.controllers"), "cpu io memory").unwrap();
+    std::fs::write(
+        cg.join("system.slice/postgresql.service/io.max"),
+        format!("{disk} rbps=max wbps=104857600 riops=3000 wiops=500\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        cg.join("system.slice/postgresql.service/io.stat"),
+        format!("{disk} rbytes=0 wbytes=0 rios=0 wios=0\n"),
+    )
+    .unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "window = \"1m\"\nlimits_interval = \"500ms\"\ncgroup_root = \"{cg}\"\n\
+             [defaults]\ninterval = \"100ms\"\nbusy_every = \"5s\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\nsweep_every = \"1m\"\nsweep_duration = \"1s\"\n\
+             [[volume]]\nname = \"t\"\npath = \"{vol}\"\ncgroup = \"/system.slice/postgresql.service\"\n\
+             provisioned_read_iops = 3000\nprovisioned_write_iops = 3000\nprovisioned_write_throughput = \"125MiB\"\n\
+             [[cluster]]\nname = \"c\"\ndsn = \"{dsn}\"\nscrape_interval = \"500ms\"\nwait_sampling_interval = \"200ms\"\n",
+            cg = cg.display(),
+            vol = vol.display(),
+            dsn = pg.dsn("mon", "Mon-Pa55word-golden"),
+        ),
+    )
+    .unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    // Everything that appears once the run has settled: the cluster's
+    // snapshot, a discovered volume's busy window, the limits snapshot.
+    let scrape = ex.wait_for(
+        "a settled scrape: cluster up, volume bursting, limits read",
+        Duration::from_secs(60),
+        |m| {
+            sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
+                && m.lines().any(|l| {
+                    l.starts_with("pgstorage_probe_window_samples{")
+                        && l.contains("volume=\"t\"")
+                        && l.contains("op=\"read\"")
+                        && l.contains("phase=\"busy\"")
+                })
+                && m.contains("pgstorage_io_limit{")
+                && m.contains("pgstorage_sweep_read_iops{")
+        },
+    );
+    let got = series_set(&scrape);
+    if std::env::var_os("PGSE_UPDATE_GOLDEN").is_some() {
+        let mut text = String::new();
+        for s in &got {
+            text.push_str(s);
+            text.push('\n');
+        }
+        std::fs::write(GOLDEN, text).unwrap();
+        return;
+    }
+    let want: BTreeSet<String> = std::fs::read_to_string(GOLDEN)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    let missing: Vec<_> = want.difference(&got).collect();
+    let extra: Vec<_> = got.difference(&want).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "scrape differs from tests/golden/series.txt\nmissing ({}):\n{}\nextra ({}):\n{}",
+        missing.len(),
+        missing
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        extra.len(),
+        extra
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    );
+    assert!(got.len() > 300, "{} series", got.len());
+}

@@ -70,6 +70,11 @@ fn disk_of(p: &Path) -> String {
 
 /// `name{k="v",...} value` → `name{k="v",...}` with volatile values as `*`.
 fn normalize(line: &str) -> Option<String> {
+    // Metric types are part of the contract (a counter turned gauge breaks
+    // every rate() over it); help texts are not.
+    if line.starts_with("# TYPE ") {
+        return Some(line.to_string());
+    }
     if line.starts_with('#') || line.trim().is_empty() {
         return None;
     }

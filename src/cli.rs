@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::config::units::{parse_bytes, parse_duration};
 use crate::types::{EngineChoice, SyncMethod};
+use crate::units::{parse_bytes, parse_duration};
 
 /// Default port. Not node_exporter's 9100, postgres_exporter's 9187 or any
 /// other exporter port we found in public material; Prometheus' allocation

@@ -1,16 +1,16 @@
 //! pg-storage-exporter: measures the IO PostgreSQL commits and reads with,
 //! and serves it as Prometheus metrics. See ARCHITECTURE.md for the map.
 
+pub mod app;
 pub mod check;
 pub mod cli;
-pub mod collectors;
 pub mod config;
-pub mod daemon;
+pub mod exposition;
 pub mod http;
+pub mod limits;
 pub mod logging;
-pub mod metrics;
 pub mod model;
+pub mod postgres;
 pub mod probe;
-pub mod supervisor;
 pub mod types;
-pub mod web_config;
+pub mod units;

@@ -5,12 +5,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use pg_storage_exporter::app::daemon::{self, WebOptions};
 use pg_storage_exporter::check::{self, CheckOptions};
 use pg_storage_exporter::cli::{Cli, Command, OutputFormat, parse_listen};
 use pg_storage_exporter::config::{self, FlagOverrides};
-use pg_storage_exporter::daemon::{self, WebOptions};
+use pg_storage_exporter::http::web_config::{self, WebSecurity};
 use pg_storage_exporter::logging;
-use pg_storage_exporter::web_config::{self, WebSecurity};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

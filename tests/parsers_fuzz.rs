@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use pg_storage_exporter::collectors::limits::{cgroup, diskstats};
-use pg_storage_exporter::collectors::postgres::dsn;
-use pg_storage_exporter::config::{self, units};
+use pg_storage_exporter::limits::{cgroup, diskstats};
+use pg_storage_exporter::postgres::dsn;
+use pg_storage_exporter::{config, units};
 use proptest::prelude::*;
 
 /// Text that looks like the files being parsed: digits, colons, `=`,
@@ -75,7 +75,7 @@ proptest! {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("web.yml");
         std::fs::write(&path, &t).unwrap();
-        if let Err(e) = pg_storage_exporter::web_config::load(&path) {
+        if let Err(e) = pg_storage_exporter::http::web_config::load(&path) {
             let msg = format!("{e:#}");
             prop_assert!(msg.contains("web.yml"), "{}", msg);
         }

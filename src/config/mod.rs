@@ -7,7 +7,6 @@
 //! volume depends on, and returns [`Config`] or one [`ConfigError`].
 
 pub mod raw;
-pub mod units;
 
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
@@ -91,8 +90,8 @@ pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A PostgreSQL cluster to watch, with its connection target resolved.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    pub collector: crate::collectors::postgres::ClusterConfig,
-    pub target: crate::collectors::postgres::dsn::Target,
+    pub collector: crate::postgres::ClusterConfig,
+    pub target: crate::postgres::dsn::Target,
 }
 
 /// The `[defaults]` settings, kept for volumes discovered at run time.
@@ -497,9 +496,9 @@ fn clusters(
     raw: &[raw::RawCluster],
     flags: &FlagOverrides,
     at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
-    env: crate::collectors::postgres::dsn::Env<'_>,
+    env: crate::postgres::dsn::Env<'_>,
 ) -> Result<Vec<ClusterConfig>, ConfigError> {
-    use crate::collectors::postgres::{ClusterConfig as Collector, dsn};
+    use crate::postgres::{ClusterConfig as Collector, dsn};
     let mut out: Vec<ClusterConfig> = Vec::new();
     for (i, c) in raw.iter().enumerate() {
         let key = |k: &str| format!("cluster[{i}].{k}");
@@ -514,24 +513,26 @@ fn clusters(
         let password_file = c.password_file.as_ref().map(|p| absolute(p.get_ref()));
         let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref())
             .map_err(|e| invalid(c.dsn.span(), "dsn", e.to_string()))?;
-        let dur =
-            |v: &Option<Sp<units::HumanDuration>>, k: &str, default: Duration, min: Duration| {
-                match v {
-                    Some(x) => {
-                        let d = x.get_ref().0;
-                        if d < min || d > Duration::from_secs(3600) {
-                            Err(invalid(
-                                x.span(),
-                                k,
-                                format!("{d:?} is out of range: use {min:?} to 1h"),
-                            ))
-                        } else {
-                            Ok(d)
-                        }
+        let dur = |v: &Option<Sp<crate::units::HumanDuration>>,
+                   k: &str,
+                   default: Duration,
+                   min: Duration| {
+            match v {
+                Some(x) => {
+                    let d = x.get_ref().0;
+                    if d < min || d > Duration::from_secs(3600) {
+                        Err(invalid(
+                            x.span(),
+                            k,
+                            format!("{d:?} is out of range: use {min:?} to 1h"),
+                        ))
+                    } else {
+                        Ok(d)
                     }
-                    None => Ok(default),
                 }
-            };
+                None => Ok(default),
+            }
+        };
         out.push(ClusterConfig {
             collector: Collector {
                 name,
@@ -1018,7 +1019,7 @@ fn validate_read_file_size(b: u64) -> Result<(), String> {
     if !((1 << 20)..=(1 << 40)).contains(&b) {
         return Err(format!(
             "{} is out of range: use 1MiB to 1TiB",
-            units::fmt_bytes(b)
+            crate::units::fmt_bytes(b)
         ));
     }
     if b % BLOCK_SIZE as u64 != 0 {

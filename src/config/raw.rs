@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::ConfigError;
-use super::units::{ByteSize, HumanDuration};
 use crate::types::{EngineChoice, ProbeKind, SyncMethod};
+use crate::units::{ByteSize, HumanDuration};
 
 /// A value with its byte span in the file.
 pub type Sp<T> = toml::Spanned<T>;

@@ -24,9 +24,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use thiserror::Error;
 
-use crate::config::{BLOCK_SIZE, units::fmt_bytes};
+use crate::config::BLOCK_SIZE;
 use crate::probe::{Rng, errno_name};
 use crate::types::SyncMethod;
+use crate::units::fmt_bytes;
 
 pub const WAL_FILE: &str = "wal.probe";
 pub const READ_FILE: &str = "read.probe";

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::config::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeConfig, WAL_FILE_SIZE};
-use crate::metrics::probe::ProbeMetrics;
+use crate::exposition::probe::ProbeMetrics;
 use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::state::VolumeState;

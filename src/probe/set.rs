@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use crate::config::VolumeConfig;
-use crate::metrics::probe::ProbeMetrics;
+use crate::exposition::probe::ProbeMetrics;
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::runner::{self, Stop};
 use crate::probe::state::VolumeState;

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
 
-use crate::collectors::limits::LimitsState;
-use crate::collectors::postgres::ClusterSet;
+use crate::limits::LimitsState;
+use crate::postgres::ClusterSet;
 use crate::probe::set::VolumeSet;
 
 pub const PREFIX: &str = "pgstorage";

@@ -2,7 +2,7 @@
 
 use super::Format;
 use super::text::{counter_header, gauge_header, labels, sample};
-use crate::collectors::limits::LimitsSnapshot;
+use crate::limits::LimitsSnapshot;
 
 pub fn encode(out: &mut String, format: Format, s: &LimitsSnapshot) {
     gauge_header(

@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use tokio::sync::watch;
 
+pub use crate::app::supervisor::ReloadSource;
+use crate::app::supervisor::{Supervisor, WebHandles, millis};
 use crate::config::Config;
+use crate::exposition::Metrics;
 use crate::http::auth::AuthSlot;
 use crate::http::tls::TlsListener;
+use crate::http::web_config::WebSecurity;
 use crate::http::{AppState, router, with_basic_auth};
-use crate::metrics::Metrics;
-pub use crate::supervisor::ReloadSource;
-use crate::supervisor::{Supervisor, WebHandles, millis};
-use crate::web_config::WebSecurity;
 
 #[derive(Debug, Clone)]
 pub struct WebOptions {

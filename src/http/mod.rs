@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod tls;
+pub mod web_config;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 
-use crate::metrics::{Format, Metrics};
+use crate::exposition::{Format, Metrics};
 use crate::probe::set::VolumeSet;
 use crate::types::{Op, Phase};
 

@@ -14,13 +14,13 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::collectors::limits::LimitsState;
-use crate::collectors::postgres::{ClusterSet, ClusterState};
 use crate::config::{ClusterConfig, Config, FlagOverrides, VolumeConfig};
+use crate::exposition::config::ConfigMetrics;
 use crate::http::auth::AuthSlot;
-use crate::metrics::config::ConfigMetrics;
+use crate::http::web_config::WebSecurity;
+use crate::limits::LimitsState;
+use crate::postgres::{ClusterSet, ClusterState};
 use crate::probe::set::VolumeSet;
-use crate::web_config::WebSecurity;
 
 /// Where the configuration came from, to load it again on SIGHUP: the same
 /// file and the same flags.
@@ -125,7 +125,7 @@ async fn load_web(web: &WebHandles) -> Result<Option<WebSecurity>, (&'static str
     let Some(file) = web.file.clone() else {
         return Ok(None);
     };
-    let loaded = tokio::task::spawn_blocking(move || crate::web_config::load(&file)).await;
+    let loaded = tokio::task::spawn_blocking(move || crate::http::web_config::load(&file)).await;
     let sec = match loaded {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -186,7 +186,7 @@ impl Supervisor {
             discover_volumes = c.collector.discover_volumes,
             "watching PostgreSQL"
         );
-        let handle = tokio::spawn(crate::collectors::postgres::run(
+        let handle = tokio::spawn(crate::postgres::run(
             c.collector.clone(),
             c.target.clone(),
             state.clone(),
@@ -201,7 +201,7 @@ impl Supervisor {
         if let Some(t) = self.limits_task.take() {
             t.abort();
         }
-        self.limits_task = Some(tokio::spawn(crate::collectors::limits::run(
+        self.limits_task = Some(tokio::spawn(crate::limits::run(
             self.cfg.limits.clone(),
             self.volumes.clone(),
             self.clusters.clone(),

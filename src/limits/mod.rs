@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::collectors::postgres::{ClusterSet, ClusterSnapshot};
 use crate::config::{BURST_COMMITS, LimitsConfig};
 use crate::model::pacing;
+use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
 use cgroup::{Counters, Located, ProcCgroups};
 

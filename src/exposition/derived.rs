@@ -11,9 +11,9 @@
 
 use std::fmt::Write;
 
-use crate::collectors::limits::LimitsSnapshot;
-use crate::collectors::postgres::ClusterSnapshot;
+use crate::limits::LimitsSnapshot;
 use crate::model::ceiling::{commit_ceiling, sync_ratio};
+use crate::postgres::ClusterSnapshot;
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Op, Phase, series};
 

@@ -4,7 +4,7 @@
 
 use super::Format;
 use super::text::{counter_header, gauge_header, labels, sample};
-use crate::collectors::postgres::ClusterSnapshot;
+use crate::postgres::ClusterSnapshot;
 
 /// A per-cluster counter read from PostgreSQL.
 struct Counter {
@@ -13,11 +13,11 @@ struct Counter {
     get: fn(&ClusterSnapshot) -> Option<f64>,
 }
 
-fn wal(s: &ClusterSnapshot) -> Option<&crate::collectors::postgres::queries::WalStats> {
+fn wal(s: &ClusterSnapshot) -> Option<&crate::postgres::queries::WalStats> {
     s.stats.as_ref()?.wal.as_ref()
 }
 
-fn cp(s: &ClusterSnapshot) -> Option<&crate::collectors::postgres::queries::Checkpoints> {
+fn cp(s: &ClusterSnapshot) -> Option<&crate::postgres::queries::Checkpoints> {
     s.stats.as_ref()?.checkpoints.as_ref()
 }
 
@@ -189,7 +189,7 @@ pub fn encode(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
     for c in clusters {
         for s in c.stats.iter().flat_map(|s| &s.settings) {
             if let Some(v) = s.numeric
-                && crate::collectors::postgres::queries::exported_setting(&s.name)
+                && crate::postgres::queries::exported_setting(&s.name)
             {
                 sample(
                     out,
@@ -207,7 +207,7 @@ pub fn encode(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
     );
     for c in clusters {
         for s in c.stats.iter().flat_map(|s| &s.settings) {
-            if crate::collectors::postgres::queries::exported_setting(&s.name) {
+            if crate::postgres::queries::exported_setting(&s.name) {
                 sample(
                     out,
                     "pgstorage_pg_setting_info",

@@ -26,6 +26,12 @@ use common::*;
 use pg::{PgKind, PgServer};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/series.txt");
+/// The same run scraped as OpenMetrics (what Prometheus asks for): counter
+/// families are named without `_total` there, and the text ends in `# EOF`.
+const GOLDEN_OM: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/golden/series.openmetrics.txt"
+);
 
 /// Labels whose values depend on the machine, the build or what happened
 /// to be sampled, not on the configuration.
@@ -188,27 +194,41 @@ fn full_scrape_matches_the_golden_series_list() {
                 && m.contains("pgstorage_sweep_read_iops{")
         },
     );
+    let (status, _, om) = http_get(
+        ex.addr,
+        "/metrics",
+        Some("application/openmetrics-text; version=1.0.0"),
+    );
+    assert_eq!(status, 200);
+    assert!(om.ends_with("# EOF\n"), "OpenMetrics ends in # EOF");
     let got = series_set(&scrape);
+    compare(GOLDEN, &got);
+    compare(GOLDEN_OM, &series_set(&om));
+    assert!(got.len() > 300, "{} series", got.len());
+}
+
+/// Compares against a golden file, or rewrites it when asked to.
+fn compare(golden: &str, got: &BTreeSet<String>) {
     if std::env::var_os("PGSE_UPDATE_GOLDEN").is_some() {
         let mut text = String::new();
-        for s in &got {
+        for s in got {
             text.push_str(s);
             text.push('\n');
         }
-        std::fs::write(GOLDEN, text).unwrap();
+        std::fs::write(golden, text).unwrap();
         return;
     }
-    let want: BTreeSet<String> = std::fs::read_to_string(GOLDEN)
+    let want: BTreeSet<String> = std::fs::read_to_string(golden)
         .unwrap()
         .lines()
         .filter(|l| !l.is_empty())
         .map(str::to_string)
         .collect();
-    let missing: Vec<_> = want.difference(&got).collect();
+    let missing: Vec<_> = want.difference(got).collect();
     let extra: Vec<_> = got.difference(&want).collect();
     assert!(
         missing.is_empty() && extra.is_empty(),
-        "scrape differs from tests/golden/series.txt\nmissing ({}):\n{}\nextra ({}):\n{}",
+        "scrape differs from {golden}\nmissing ({}):\n{}\nextra ({}):\n{}",
         missing.len(),
         missing
             .iter()
@@ -222,5 +242,4 @@ fn full_scrape_matches_the_golden_series_list() {
             .collect::<Vec<_>>()
             .join("\n"),
     );
-    assert!(got.len() > 300, "{} series", got.len());
 }

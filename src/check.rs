@@ -17,7 +17,6 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::config::{BLOCK_SIZE, PROBE_DIR_NAME, WAL_FILE_SIZE, check_probe_dir};
 use crate::model::ceiling::commit_ceiling;
 use crate::model::plateau::DepthPoint;
 use crate::model::verdict::{self, Observed, OpStats, Warning, fmt_seconds};
@@ -25,11 +24,9 @@ use crate::probe::Rng;
 use crate::probe::engine::Engine;
 use crate::probe::files::{ProbeDir, raw};
 use crate::probe::fsinfo::{self, Roots};
+use crate::probe::placement::check_probe_dir;
+use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, WAL_FILE_SIZE};
 use crate::types::{EngineChoice, EngineKind, SyncMethod};
-
-/// Probe directory name used by `check`, distinct from the daemon's so a
-/// check can run beside a running exporter.
-pub const CHECK_DIR_NAME: &str = "pg-storage-exporter-check";
 
 /// The idle time before each lone commit. The after-idle cost grows with the
 /// pause and levels off within about 50 ms on the build machine; 250 ms is

@@ -97,6 +97,24 @@ pub fn fmt_bytes(b: u64) -> String {
     format!("{b}B")
 }
 
+/// Formats a duration the way the config file accepts it back, in the
+/// largest unit that divides it: `1h`, `5m`, `10s`, `100ms`, `5µs`.
+pub fn fmt_duration(d: Duration) -> String {
+    let n = d.as_nanos();
+    for (unit, mult) in [
+        ("h", 3_600_000_000_000u128),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("µs", 1_000),
+    ] {
+        if n >= mult && n % mult == 0 {
+            return format!("{}{unit}", n / mult);
+        }
+    }
+    format!("{n}ns")
+}
+
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;

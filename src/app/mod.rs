@@ -3,4 +3,5 @@
 //! volumes (from the configuration, a reload, or discovery plans).
 
 pub mod daemon;
+pub mod discovery;
 pub mod supervisor;

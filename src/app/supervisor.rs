@@ -14,13 +14,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::config::{ClusterConfig, Config, FlagOverrides, VolumeConfig};
+use crate::config::{ClusterConfig, Config, FlagOverrides};
 use crate::exposition::config::ConfigMetrics;
 use crate::http::auth::AuthSlot;
 use crate::http::web_config::WebSecurity;
 use crate::limits::LimitsState;
 use crate::postgres::{ClusterSet, ClusterState};
 use crate::probe::set::VolumeSet;
+use crate::probe::settings::VolumeSpec;
 
 /// Where the configuration came from, to load it again on SIGHUP: the same
 /// file and the same flags.
@@ -61,6 +62,8 @@ pub struct Supervisor {
 struct ClusterTask {
     state: Arc<ClusterState>,
     handle: JoinHandle<()>,
+    /// Applies the collector's discovery requests.
+    discovery: JoinHandle<()>,
 }
 
 /// What a reload changed, for its log line.
@@ -186,15 +189,40 @@ impl Supervisor {
             discover_volumes = c.collector.discover_volumes,
             "watching PostgreSQL"
         );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let handle = tokio::spawn(crate::postgres::run(
             c.collector.clone(),
             c.target.clone(),
             state.clone(),
-            self.volumes.clone(),
-            self.cfg.volume_defaults.clone(),
+            Some(tx),
         ));
-        self.cluster_tasks
-            .insert(c.collector.name.clone(), ClusterTask { state, handle });
+        // Discovery requests are planned and applied here, on a blocking
+        // thread: the collector never adds volumes itself.
+        let volumes = self.volumes.clone();
+        let defaults = self.cfg.volume_defaults.clone();
+        let discovered_into = state.clone();
+        let discovery = tokio::spawn(async move {
+            while let Some(req) = rx.recv().await {
+                let volumes = volumes.clone();
+                let defaults = defaults.clone();
+                let applied = tokio::task::spawn_blocking(move || {
+                    super::discovery::apply(&req, &volumes, &defaults)
+                })
+                .await;
+                match applied {
+                    Ok(roles) => discovered_into.set_volumes(roles),
+                    Err(e) => tracing::error!(error = %e, "volume discovery failed"),
+                }
+            }
+        });
+        self.cluster_tasks.insert(
+            c.collector.name.clone(),
+            ClusterTask {
+                state,
+                handle,
+                discovery,
+            },
+        );
     }
 
     fn start_limits(&mut self) {
@@ -220,6 +248,7 @@ impl Supervisor {
             return Vec::new();
         };
         task.handle.abort();
+        task.discovery.abort();
         self.clusters.remove(name);
         task.state
             .snapshot()
@@ -285,7 +314,7 @@ impl Supervisor {
         let vols = diff(
             &self.cfg.volumes,
             &new.volumes,
-            |v: &VolumeConfig| &v.name,
+            |v: &VolumeSpec| &v.name,
             |a, b| a == b,
         );
         let defaults_changed = new.volume_defaults != self.cfg.volume_defaults;

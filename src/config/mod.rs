@@ -9,17 +9,19 @@
 pub mod raw;
 
 use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::limits::LimitsSettings;
+use crate::probe::placement::check_probe_dir;
+use crate::probe::settings::{
+    Knob, MAX_WINDOW_SAMPLES, PROBE_DIR_NAME, ProbeSettings, VolumeSpec, window_samples,
+};
 use crate::types::{EngineChoice, SyncMethod};
 use raw::{RawConfig, RawVolume, RawVolumeDefaults, Sp};
 
-/// Probe directory created inside a volume path when none is configured.
-pub const PROBE_DIR_NAME: &str = "pg-storage-exporter-probe";
 /// Where the exporter probes when given no volume at all: /var/tmp is on
 /// persistent storage on common distributions (unlike /tmp, often tmpfs),
 /// writable by any user, and not cleaned at boot.
@@ -28,60 +30,20 @@ pub const DEFAULT_VOLUME_NAME: &str = "default";
 
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
-/// How often a volume runs a burst for the busy figure. With a burst of
-/// [`BURST_COMMITS`] commits this adds 0.6 commits per second to the lone
-/// probe's one. On the build machine's ext4 a commit probe cost 2.27 device
-/// writes (two of its own, and a share of the journal thread's commits), so
-/// 1.6 commits per second are 3.6 device writes per second per volume, under
-/// the budget of 4; a burst every 30 s measured 4.08.
-pub const DEFAULT_BUSY_EVERY: Duration = Duration::from_secs(40);
-/// Commit probes in one burst. The first half warms the device path up and
-/// is not recorded: on the build machine a burst's commits after a 1 s
-/// pause took about 530, 190, 170, 140, 130 µs, and reached the back-to-back
-/// figure (±10 %) only after about eight.
-pub const BURST_COMMITS: u32 = 24;
-/// Read probes in one burst, after its commits. Reads cost no device
-/// write, and need longer to converge (about 30 reads on the build machine).
-pub const BURST_READS: u32 = 64;
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Big enough that random 8 KiB reads rarely hit the same block twice in a
-/// window, small enough to write at start on any volume.
-pub const DEFAULT_READ_FILE_SIZE: u64 = 64 << 20;
-/// A WAL segment is 16 MiB by default; the WAL probe cycles through one.
-pub const WAL_FILE_SIZE: u64 = 16 << 20;
-/// Never let the probe files push a PostgreSQL volume into its last GiB.
-pub const DEFAULT_FREE_SPACE_RESERVE: u64 = 1 << 30;
-/// Reads answered faster than this did not reach a device (published figures:
-/// flash needs tens of µs, a hypervisor cache answered in 668 ns).
-pub const DEFAULT_CACHE_SERVED_THRESHOLD: Duration = Duration::from_micros(5);
-/// Samples one window may hold per op; bounds memory at ~1.6 MiB per op.
-pub const MAX_WINDOW_SAMPLES: u64 = 100_000;
-/// The IO size PostgreSQL uses for WAL and heap pages (BLCKSZ).
-pub const BLOCK_SIZE: usize = 8192;
 
 /// Validated configuration of the daemon.
 #[derive(Debug, Clone)]
 pub struct Config {
     pub window: Duration,
     pub shutdown_timeout: Duration,
-    pub volumes: Vec<VolumeConfig>,
+    pub volumes: Vec<VolumeSpec>,
     pub clusters: Vec<ClusterConfig>,
-    /// Settings for volumes discovered at run time.
-    pub volume_defaults: VolumeDefaults,
-    pub limits: LimitsConfig,
+    /// Settings for volumes discovered at run time: `[defaults]` with the
+    /// `--probe.*` flags on top (the sync method follows the cluster).
+    pub volume_defaults: ProbeSettings,
+    pub limits: LimitsSettings,
 }
 
-/// Where and how often IO limits are read.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LimitsConfig {
-    pub interval: Duration,
-    pub cgroup_root: PathBuf,
-    pub proc_root: PathBuf,
-    pub sys_root: PathBuf,
-}
-
-pub const DEFAULT_SWEEP_DURATION: Duration = Duration::from_secs(8);
 pub const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_WAIT_SAMPLING_INTERVAL: Duration = Duration::from_secs(1);
@@ -92,82 +54,6 @@ pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct ClusterConfig {
     pub collector: crate::postgres::ClusterConfig,
     pub target: crate::postgres::dsn::Target,
-}
-
-/// The `[defaults]` settings, kept for volumes discovered at run time.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VolumeDefaults {
-    pub interval: Duration,
-    pub timeout: Duration,
-    pub read_file_size: u64,
-    pub free_space_reserve: u64,
-    pub engine: EngineChoice,
-    pub cache_served_threshold: Duration,
-    pub sweep_every: Duration,
-    pub sweep_duration: Duration,
-    pub busy_every: Duration,
-}
-
-impl VolumeDefaults {
-    /// A discovered volume with these settings.
-    pub fn volume(
-        &self,
-        name: String,
-        path: PathBuf,
-        probe_dir: PathBuf,
-        commit_probe: bool,
-        read_probe: bool,
-        sync_method: SyncMethod,
-    ) -> VolumeConfig {
-        VolumeConfig {
-            name,
-            path,
-            probe_dir,
-            commit_probe,
-            read_probe,
-            interval: self.interval,
-            timeout: self.timeout,
-            read_file_size: self.read_file_size,
-            sync_method,
-            free_space_reserve: self.free_space_reserve,
-            engine: self.engine,
-            cache_served_threshold: self.cache_served_threshold,
-            sweep_every: self.sweep_every,
-            sweep_duration: self.sweep_duration,
-            busy_every: self.busy_every,
-            provisioned: Vec::new(),
-            cgroup: None,
-        }
-    }
-}
-
-/// One volume to probe, fully resolved.
-#[derive(Debug, Clone, PartialEq)]
-pub struct VolumeConfig {
-    pub name: String,
-    /// The directory whose storage is measured.
-    pub path: PathBuf,
-    /// Where probe files live: on the same filesystem as `path`.
-    pub probe_dir: PathBuf,
-    pub commit_probe: bool,
-    pub read_probe: bool,
-    pub interval: Duration,
-    pub timeout: Duration,
-    pub read_file_size: u64,
-    pub sync_method: SyncMethod,
-    pub free_space_reserve: u64,
-    pub engine: EngineChoice,
-    pub cache_served_threshold: Duration,
-    /// Queue-depth sweep period; zero = off.
-    pub sweep_every: Duration,
-    pub sweep_duration: Duration,
-    /// How often a burst runs for the busy figure; zero = no bursts (no
-    /// busy figure).
-    pub busy_every: Duration,
-    /// Provisioned (cloud) limits: (resource label, value).
-    pub provisioned: Vec<(&'static str, u64)>,
-    /// A configured cgroup path whose limits apply (see `RawVolume::cgroup`).
-    pub cgroup: Option<String>,
 }
 
 /// Where a setting came from, so an error can point at it.
@@ -239,7 +125,7 @@ pub fn engine_problem(cfg: &Config) -> Option<String> {
     });
     cfg.volumes
         .iter()
-        .map(|v| (format!("volume {:?}", v.name), v.engine))
+        .map(|v| (format!("volume {:?}", v.name), v.probe.engine))
         .chain(discovered)
         .find_map(|(what, engine)| {
             crate::probe::engine::require(engine)
@@ -309,34 +195,18 @@ pub fn build(
         message,
     };
 
-    let window = match &raw.window {
-        Some(w) => {
-            let d = w.get_ref().0;
-            if d < Duration::from_secs(10) || d > Duration::from_secs(24 * 3600) {
-                return Err(invalid(
-                    at(Some(w.span())),
-                    "window",
-                    format!("{d:?} is out of range: use 10s to 24h"),
-                ));
-            }
-            d
-        }
-        None => DEFAULT_WINDOW,
+    let top = |v: &Option<Sp<crate::units::HumanDuration>>, knob: Knob, default: Duration| match v {
+        Some(x) => knob
+            .check_written(x.get_ref().0)
+            .map_err(|message| invalid(at(Some(x.span())), knob.range().key, message)),
+        None => Ok(default),
     };
-    let shutdown_timeout = match &raw.shutdown_timeout {
-        Some(w) => {
-            let d = w.get_ref().0;
-            if d < Duration::from_millis(100) || d > Duration::from_secs(300) {
-                return Err(invalid(
-                    at(Some(w.span())),
-                    "shutdown_timeout",
-                    format!("{d:?} is out of range: use 100ms to 5m"),
-                ));
-            }
-            d
-        }
-        None => DEFAULT_SHUTDOWN_TIMEOUT,
-    };
+    let window = top(&raw.window, Knob::Window, DEFAULT_WINDOW)?;
+    let shutdown_timeout = top(
+        &raw.shutdown_timeout,
+        Knob::ShutdownTimeout,
+        DEFAULT_SHUTDOWN_TIMEOUT,
+    )?;
 
     let defaults = raw.defaults.unwrap_or_default();
     let env = |k: &str| std::env::var(k).ok();
@@ -391,7 +261,7 @@ pub fn build(
                 ),
             ));
         }
-        let samples = window_samples(window, v.interval, v.busy_every);
+        let samples = window_samples(window, v.probe.interval, v.probe.busy_every);
         if samples > MAX_WINDOW_SAMPLES as f64 {
             return Err(invalid(
                 origin,
@@ -399,7 +269,7 @@ pub fn build(
                 format!(
                     "a {:?} window at a {:?} interval keeps {samples:.0} samples per op on volume {:?}; \
                      the maximum is {MAX_WINDOW_SAMPLES}: shorten the window or lengthen the interval",
-                    window, v.interval, v.name
+                    window, v.probe.interval, v.name
                 ),
             ));
         }
@@ -407,17 +277,7 @@ pub fn build(
 
     // Discovered volumes take [defaults], then the --probe.* flags, like
     // --probe.path volumes (their sync method follows the cluster instead).
-    let volume_defaults = VolumeDefaults {
-        interval: flagged.interval,
-        timeout: flagged.timeout,
-        read_file_size: flagged.read_file_size,
-        free_space_reserve: flagged.free_space_reserve,
-        engine: flagged.engine,
-        cache_served_threshold: flagged.cache_served_threshold,
-        sweep_every: flagged.sweep_every,
-        sweep_duration: flagged.sweep_duration,
-        busy_every: flagged.busy_every,
-    };
+    let volume_defaults = flagged;
     if !clusters.is_empty() {
         let samples = window_samples(window, volume_defaults.interval, volume_defaults.busy_every);
         if samples > MAX_WINDOW_SAMPLES as f64 {
@@ -432,21 +292,12 @@ pub fn build(
             ));
         }
     }
-    let limits = LimitsConfig {
-        interval: match &raw.limits_interval {
-            Some(x) => {
-                let d = x.get_ref().0;
-                if d < Duration::from_millis(200) || d > Duration::from_secs(600) {
-                    return Err(invalid(
-                        at(Some(x.span())),
-                        "limits_interval",
-                        format!("{d:?} is out of range: use 200ms to 10m"),
-                    ));
-                }
-                d
-            }
-            None => DEFAULT_LIMITS_INTERVAL,
-        },
+    let limits = LimitsSettings {
+        interval: top(
+            &raw.limits_interval,
+            Knob::LimitsInterval,
+            DEFAULT_LIMITS_INTERVAL,
+        )?,
         cgroup_root: raw
             .cgroup_root
             .as_ref()
@@ -513,26 +364,13 @@ fn clusters(
         let password_file = c.password_file.as_ref().map(|p| absolute(p.get_ref()));
         let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref())
             .map_err(|e| invalid(c.dsn.span(), "dsn", e.to_string()))?;
-        let dur = |v: &Option<Sp<crate::units::HumanDuration>>,
-                   k: &str,
-                   default: Duration,
-                   min: Duration| {
-            match v {
-                Some(x) => {
-                    let d = x.get_ref().0;
-                    if d < min || d > Duration::from_secs(3600) {
-                        Err(invalid(
-                            x.span(),
-                            k,
-                            format!("{d:?} is out of range: use {min:?} to 1h"),
-                        ))
-                    } else {
-                        Ok(d)
-                    }
-                }
+        let dur =
+            |v: &Option<Sp<crate::units::HumanDuration>>, knob: Knob, default: Duration| match v {
+                Some(x) => knob
+                    .check_written(x.get_ref().0)
+                    .map_err(|m| invalid(x.span(), knob.range().key, m)),
                 None => Ok(default),
-            }
-        };
+            };
         out.push(ClusterConfig {
             collector: Collector {
                 name,
@@ -540,21 +378,18 @@ fn clusters(
                 password_file,
                 scrape_interval: dur(
                     &c.scrape_interval,
-                    "scrape_interval",
+                    Knob::ScrapeInterval,
                     DEFAULT_SCRAPE_INTERVAL,
-                    Duration::from_millis(100),
                 )?,
                 wait_sampling_interval: dur(
                     &c.wait_sampling_interval,
-                    "wait_sampling_interval",
+                    Knob::WaitSamplingInterval,
                     DEFAULT_WAIT_SAMPLING_INTERVAL,
-                    Duration::from_millis(100),
                 )?,
                 statement_timeout: dur(
                     &c.statement_timeout,
-                    "statement_timeout",
+                    Knob::StatementTimeout,
                     DEFAULT_STATEMENT_TIMEOUT,
-                    Duration::from_millis(100),
                 )?,
                 discover_volumes: c
                     .discover_volumes
@@ -565,14 +400,14 @@ fn clusters(
             target,
         });
     }
-    if let Some(i) = flags.pg_scrape_interval
-        && (i < Duration::from_millis(100) || i > Duration::from_secs(3600))
-    {
-        return Err(ConfigError::Invalid {
-            origin: Origin::Flag("--pg.scrape-interval"),
-            key: format!("{i:?}"),
-            message: "out of range: use 100ms to 1h".to_string(),
-        });
+    if let Some(i) = flags.pg_scrape_interval {
+        Knob::ScrapeInterval
+            .check_duration(i)
+            .map_err(|message| ConfigError::Invalid {
+                origin: Origin::Flag("--pg.scrape-interval"),
+                key: format!("{i:?}"),
+                message,
+            })?;
     }
     for spec in &flags.pg_dsns {
         let (name, text) = dsn::split_name(spec);
@@ -617,29 +452,12 @@ fn clusters(
     Ok(out)
 }
 
-/// Settings a volume takes from `[defaults]` unless it sets its own.
-#[derive(Debug, Clone)]
-struct Settings {
-    commit_probe: bool,
-    read_probe: bool,
-    interval: Duration,
-    timeout: Duration,
-    read_file_size: u64,
-    sync_method: SyncMethod,
-    free_space_reserve: u64,
-    engine: EngineChoice,
-    cache_served_threshold: Duration,
-    sweep_every: Duration,
-    sweep_duration: Duration,
-    busy_every: Duration,
-}
-
 fn volume_from_file(
     i: usize,
     v: &RawVolume,
     d: &RawVolumeDefaults,
     at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
-) -> Result<VolumeConfig, ConfigError> {
+) -> Result<VolumeSpec, ConfigError> {
     let key = |k: &str| format!("volume[{i}].{k}");
     let name = v.name.get_ref().clone();
     validate_name(&name).map_err(|message| ConfigError::Invalid {
@@ -679,7 +497,14 @@ fn volume_from_file(
         key: pd_key,
         message,
     })?;
-    let mut vc = finish(name, path, probe_dir, s);
+    let mut vc = VolumeSpec {
+        name,
+        path,
+        probe_dir,
+        probe: s,
+        provisioned: Vec::new(),
+        cgroup: None,
+    };
     vc.provisioned = [
         ("iops", v.provisioned_iops.as_ref().map(|x| *x.get_ref())),
         (
@@ -735,7 +560,7 @@ fn settings(
     err: &SettingError<'_>,
     v: &RawVolumeDefaults,
     d: &RawVolumeDefaults,
-) -> Result<Settings, ConfigError> {
+) -> Result<ProbeSettings, ConfigError> {
     // Pick the volume's value, else the default's, keeping the span of
     // whichever was written so errors point at the right line.
     fn pick<'a, T>(a: &'a Option<Sp<T>>, b: &'a Option<Sp<T>>) -> Option<(&'a Sp<T>, bool)> {
@@ -745,166 +570,70 @@ fn settings(
             (None, None) => None,
         }
     }
-    let probes = pick(&v.probes, &d.probes);
-    let (commit_probe, read_probe) = match probes {
-        Some((p, vol)) => {
-            let list = p.get_ref();
-            if list.is_empty() {
-                return Err(err(
-                    "probes",
-                    vol,
-                    Some(p.span()),
-                    "empty list: give at least one of \"commit\", \"read\"".to_string(),
-                ));
-            }
-            (
-                list.contains(&crate::types::ProbeKind::Commit),
-                list.contains(&crate::types::ProbeKind::Read),
-            )
+    type Durations = Option<Sp<crate::units::HumanDuration>>;
+    let duration = |a: &Durations, b: &Durations, knob: Knob, slot: &mut Duration| {
+        if let Some((x, vol)) = pick(a, b) {
+            *slot = knob
+                .check_written(x.get_ref().0)
+                .map_err(|m| err(knob.range().key, vol, Some(x.span()), m))?;
         }
-        None => (true, true),
+        Ok::<(), ConfigError>(())
     };
-    let interval = match pick(&v.interval, &d.interval) {
-        Some((x, vol)) => {
-            let i = x.get_ref().0;
-            if i < Duration::from_millis(1) || i > Duration::from_secs(3600) {
-                return Err(err(
-                    "interval",
-                    vol,
-                    Some(x.span()),
-                    format!("{i:?} is out of range: use 1ms to 1h"),
-                ));
-            }
-            i
+    let mut s = ProbeSettings::default();
+    if let Some((p, vol)) = pick(&v.probes, &d.probes) {
+        let list = p.get_ref();
+        if list.is_empty() {
+            return Err(err(
+                "probes",
+                vol,
+                Some(p.span()),
+                "empty list: give at least one of \"commit\", \"read\"".to_string(),
+            ));
         }
-        None => DEFAULT_INTERVAL,
-    };
-    let timeout = match pick(&v.timeout, &d.timeout) {
-        Some((x, vol)) => {
-            let t = x.get_ref().0;
-            if t < Duration::from_millis(10) {
-                return Err(err(
-                    "timeout",
-                    vol,
-                    Some(x.span()),
-                    format!("{t:?} is too short: a healthy network volume can take 10 ms"),
-                ));
-            }
-            t
-        }
-        None => DEFAULT_TIMEOUT,
-    };
-    let read_file_size = match pick(&v.read_file_size, &d.read_file_size) {
-        Some((x, vol)) => {
-            let b = x.get_ref().0;
-            validate_read_file_size(b)
-                .map_err(|m| err("read_file_size", vol, Some(x.span()), m))?;
-            b
-        }
-        None => DEFAULT_READ_FILE_SIZE,
-    };
-    let sync_method = pick(&v.sync_method, &d.sync_method)
-        .map(|(x, _)| *x.get_ref())
-        .unwrap_or_default();
-    let free_space_reserve = pick(&v.free_space_reserve, &d.free_space_reserve)
-        .map(|(x, _)| x.get_ref().0)
-        .unwrap_or(DEFAULT_FREE_SPACE_RESERVE);
-    let engine = pick(&v.engine, &d.engine)
-        .map(|(x, _)| *x.get_ref())
-        .unwrap_or_default();
-    let cache_served_threshold = match pick(&v.cache_served_threshold, &d.cache_served_threshold) {
-        Some((x, vol)) => {
-            let t = x.get_ref().0;
-            if t > Duration::from_millis(1) {
-                return Err(err(
-                    "cache_served_threshold",
-                    vol,
-                    Some(x.span()),
-                    format!(
-                        "{t:?} is too long: devices answer 8 KiB reads in tens of µs; use at most 1ms"
-                    ),
-                ));
-            }
-            t
-        }
-        None => DEFAULT_CACHE_SERVED_THRESHOLD,
-    };
-    let sweep_every = match pick(&v.sweep_every, &d.sweep_every) {
-        Some((x, vol)) => {
-            let t = x.get_ref().0;
-            if !t.is_zero() && t < Duration::from_secs(60) {
-                return Err(err(
-                    "sweep_every",
-                    vol,
-                    Some(x.span()),
-                    format!(
-                        "{t:?} is too often: a sweep loads the device; use 0s (off) or at least 1m"
-                    ),
-                ));
-            }
-            t
-        }
-        None => Duration::ZERO,
-    };
-    let sweep_duration = match pick(&v.sweep_duration, &d.sweep_duration) {
-        Some((x, vol)) => {
-            let t = x.get_ref().0;
-            if t < Duration::from_secs(1) || t > Duration::from_secs(300) {
-                return Err(err(
-                    "sweep_duration",
-                    vol,
-                    Some(x.span()),
-                    format!("{t:?} is out of range: use 1s to 5m"),
-                ));
-            }
-            t
-        }
-        None => DEFAULT_SWEEP_DURATION,
-    };
-    let busy_every = match pick(&v.busy_every, &d.busy_every) {
-        Some((x, vol)) => {
-            let t = x.get_ref().0;
-            validate_busy_every(t).map_err(|m| err("busy_every", vol, Some(x.span()), m))?;
-            t
-        }
-        None => DEFAULT_BUSY_EVERY,
-    };
-    Ok(Settings {
-        commit_probe,
-        read_probe,
-        interval,
-        timeout,
-        read_file_size,
-        sync_method,
-        free_space_reserve,
-        engine,
-        cache_served_threshold,
-        sweep_every,
-        sweep_duration,
-        busy_every,
-    })
-}
-
-fn finish(name: String, path: PathBuf, probe_dir: PathBuf, s: Settings) -> VolumeConfig {
-    VolumeConfig {
-        name,
-        path,
-        probe_dir,
-        commit_probe: s.commit_probe,
-        read_probe: s.read_probe,
-        interval: s.interval,
-        timeout: s.timeout,
-        read_file_size: s.read_file_size,
-        sync_method: s.sync_method,
-        free_space_reserve: s.free_space_reserve,
-        engine: s.engine,
-        cache_served_threshold: s.cache_served_threshold,
-        sweep_every: s.sweep_every,
-        sweep_duration: s.sweep_duration,
-        busy_every: s.busy_every,
-        provisioned: Vec::new(),
-        cgroup: None,
+        s.commit_probe = list.contains(&crate::types::ProbeKind::Commit);
+        s.read_probe = list.contains(&crate::types::ProbeKind::Read);
     }
+    duration(&v.interval, &d.interval, Knob::Interval, &mut s.interval)?;
+    duration(&v.timeout, &d.timeout, Knob::Timeout, &mut s.timeout)?;
+    duration(
+        &v.cache_served_threshold,
+        &d.cache_served_threshold,
+        Knob::CacheServedThreshold,
+        &mut s.cache_served_threshold,
+    )?;
+    duration(
+        &v.sweep_every,
+        &d.sweep_every,
+        Knob::SweepEvery,
+        &mut s.sweep_every,
+    )?;
+    duration(
+        &v.sweep_duration,
+        &d.sweep_duration,
+        Knob::SweepDuration,
+        &mut s.sweep_duration,
+    )?;
+    duration(
+        &v.busy_every,
+        &d.busy_every,
+        Knob::BusyEvery,
+        &mut s.busy_every,
+    )?;
+    if let Some((x, vol)) = pick(&v.read_file_size, &d.read_file_size) {
+        s.read_file_size = Knob::ReadFileSize
+            .check_written_bytes(x.get_ref().0)
+            .map_err(|m| err("read_file_size", vol, Some(x.span()), m))?;
+    }
+    if let Some((x, _)) = pick(&v.sync_method, &d.sync_method) {
+        s.sync_method = *x.get_ref();
+    }
+    if let Some((x, _)) = pick(&v.free_space_reserve, &d.free_space_reserve) {
+        s.free_space_reserve = x.get_ref().0;
+    }
+    if let Some((x, _)) = pick(&v.engine, &d.engine) {
+        s.engine = *x.get_ref();
+    }
+    Ok(s)
 }
 
 /// `[defaults]` with the `--probe.*` flags on top, each flag checked.
@@ -912,7 +641,7 @@ fn flag_settings(
     d: &RawVolumeDefaults,
     flags: &FlagOverrides,
     at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
-) -> Result<Settings, ConfigError> {
+) -> Result<ProbeSettings, ConfigError> {
     let empty = RawVolumeDefaults::default();
     let mut s = settings(
         &|field, _vol, span, message| ConfigError::Invalid {
@@ -923,6 +652,13 @@ fn flag_settings(
         &empty,
         d,
     )?;
+    let flag = |name: &'static str, shown: String| {
+        move |message: String| ConfigError::Invalid {
+            origin: Origin::Flag(name),
+            key: shown,
+            message,
+        }
+    };
     if let Some(e) = flags.engine {
         s.engine = e;
     }
@@ -930,30 +666,19 @@ fn flag_settings(
         s.sync_method = m;
     }
     if let Some(i) = flags.interval {
-        if i < Duration::from_millis(1) || i > Duration::from_secs(3600) {
-            return Err(ConfigError::Invalid {
-                origin: Origin::Flag("--probe.interval"),
-                key: format!("{i:?}"),
-                message: "out of range: use 1ms to 1h".to_string(),
-            });
-        }
-        s.interval = i;
+        s.interval = Knob::Interval
+            .check_duration(i)
+            .map_err(flag("--probe.interval", format!("{i:?}")))?;
     }
     if let Some(t) = flags.busy_every {
-        validate_busy_every(t).map_err(|message| ConfigError::Invalid {
-            origin: Origin::Flag("--probe.busy-every"),
-            key: format!("{t:?}"),
-            message,
-        })?;
-        s.busy_every = t;
+        s.busy_every = Knob::BusyEvery
+            .check_duration(t)
+            .map_err(flag("--probe.busy-every", format!("{t:?}")))?;
     }
     if let Some(b) = flags.read_file_size {
-        validate_read_file_size(b).map_err(|message| ConfigError::Invalid {
-            origin: Origin::Flag("--probe.read-file-size"),
-            key: b.to_string(),
-            message,
-        })?;
-        s.read_file_size = b;
+        s.read_file_size = Knob::ReadFileSize
+            .check_bytes(b)
+            .map_err(flag("--probe.read-file-size", b.to_string()))?;
     }
     if let Some(b) = flags.free_space_reserve {
         s.free_space_reserve = b;
@@ -961,7 +686,7 @@ fn flag_settings(
     Ok(s)
 }
 
-fn volume_from_flag(spec: &str, s: &Settings) -> Result<VolumeConfig, ConfigError> {
+fn volume_from_flag(spec: &str, s: &ProbeSettings) -> Result<VolumeSpec, ConfigError> {
     const FLAG: &str = "--probe.path";
     let flag_err = |message: String| ConfigError::Invalid {
         origin: Origin::Flag(FLAG),
@@ -977,7 +702,14 @@ fn volume_from_flag(spec: &str, s: &Settings) -> Result<VolumeConfig, ConfigErro
     validate_name(&name).map_err(|m| flag_err(format!("{m} (write NAME=PATH to choose one)")))?;
     let probe_dir = path.join(PROBE_DIR_NAME);
     check_probe_dir(&path, &probe_dir).map_err(flag_err)?;
-    Ok(finish(name, path, probe_dir, s.clone()))
+    Ok(VolumeSpec {
+        name,
+        path,
+        probe_dir,
+        probe: s.clone(),
+        provisioned: Vec::new(),
+        cgroup: None,
+    })
 }
 
 /// Splits `NAME=PATH`. A prefix counts as a name only when it contains no
@@ -1015,21 +747,6 @@ pub fn validate_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn validate_read_file_size(b: u64) -> Result<(), String> {
-    if !((1 << 20)..=(1 << 40)).contains(&b) {
-        return Err(format!(
-            "{} is out of range: use 1MiB to 1TiB",
-            crate::units::fmt_bytes(b)
-        ));
-    }
-    if b % BLOCK_SIZE as u64 != 0 {
-        return Err(format!(
-            "{b} bytes is not a multiple of 8KiB, the read size"
-        ));
-    }
-    Ok(())
-}
-
 fn absolute(p: &Path) -> PathBuf {
     if p.is_absolute() {
         p.to_path_buf()
@@ -1052,118 +769,5 @@ fn resolve_dir(p: &Path) -> Result<PathBuf, String> {
     Ok(canonical)
 }
 
-/// Refuses probe directories that PostgreSQL owns or that would measure a
-/// different filesystem than the volume.
-pub fn check_probe_dir(volume: &Path, probe_dir: &Path) -> Result<(), String> {
-    if let Some(owner) = postgres_owned_ancestor(probe_dir) {
-        return Err(format!(
-            "probe directory {} would be inside PostgreSQL's {}: the exporter never writes there. \
-             Set probe_dir to a directory beside it on the same filesystem",
-            probe_dir.display(),
-            owner.display()
-        ));
-    }
-    // The probe directory itself may not exist yet: compare its parent.
-    let existing = if probe_dir.exists() {
-        probe_dir.to_path_buf()
-    } else {
-        match probe_dir.parent() {
-            Some(p) => p.to_path_buf(),
-            None => {
-                return Err(format!(
-                    "probe directory {} has no parent",
-                    probe_dir.display()
-                ));
-            }
-        }
-    };
-    let pd = std::fs::metadata(&existing)
-        .map_err(|e| format!("probe directory parent {}: {e}", existing.display()))?;
-    let vol = std::fs::metadata(volume).map_err(|e| format!("path {}: {e}", volume.display()))?;
-    if pd.dev() != vol.dev() {
-        return Err(format!(
-            "probe directory {} is on a different filesystem than {}: it would measure the wrong device",
-            probe_dir.display(),
-            volume.display()
-        ));
-    }
-    Ok(())
-}
-
-/// The PostgreSQL-owned directory that contains `p`, if any:
-/// - a data directory: `PG_VERSION` next to `global/`;
-/// - a WAL directory: named `pg_wal` (`pg_xlog` before 10), or holding
-///   `archive_status/`, which PostgreSQL creates in every WAL directory,
-///   so a `pg_wal` symlinked elsewhere (`initdb --waldir`) is caught by
-///   content whatever its name;
-/// - a tablespace location: holding a `PG_<major>_<catversion>` directory.
-pub fn postgres_owned_ancestor(p: &Path) -> Option<PathBuf> {
-    let mut cur = PathBuf::new();
-    for comp in p.components() {
-        cur.push(comp);
-        if let Component::Normal(n) = comp
-            && (n == "pg_wal" || n == "pg_xlog")
-        {
-            return Some(cur);
-        }
-        if matches!(comp, Component::RootDir) {
-            continue;
-        }
-        if cur.join("PG_VERSION").is_file() && cur.join("global").is_dir() {
-            return Some(cur);
-        }
-        if cur.join("archive_status").is_dir() {
-            return Some(cur);
-        }
-        if is_tablespace_location(&cur) {
-            return Some(cur);
-        }
-    }
-    None
-}
-
-fn is_tablespace_location(dir: &Path) -> bool {
-    let Ok(rd) = std::fs::read_dir(dir) else {
-        return false;
-    };
-    rd.filter_map(Result::ok).any(|e| {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        let mut parts = name.splitn(3, '_');
-        parts.next() == Some("PG")
-            && parts
-                .next()
-                .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()))
-            && parts
-                .next()
-                .is_some_and(|v| !v.is_empty() && v.chars().all(|c| c.is_ascii_digit()))
-            && e.file_type().is_ok_and(|t| t.is_dir())
-    })
-}
-
 #[cfg(test)]
 mod tests;
-
-/// `busy_every`: zero turns bursts off; otherwise often enough to fill the
-/// window, rarely enough that bursts stay a small part of the probe IO.
-fn validate_busy_every(t: Duration) -> Result<(), String> {
-    if !t.is_zero() && (t < Duration::from_secs(5) || t > Duration::from_secs(3600)) {
-        return Err(format!(
-            "{t:?} is out of range: use 0s (no bursts, no busy figure) or 5s to 1h"
-        ));
-    }
-    Ok(())
-}
-
-/// The most samples one (op, phase) window holds: the lone probes' or, for
-/// the busy phase, the recorded half of each burst's reads.
-fn window_samples(window: Duration, interval: Duration, busy_every: Duration) -> f64 {
-    let w = window.as_secs_f64();
-    let lone = w / interval.as_secs_f64().max(1e-9);
-    let busy = if busy_every.is_zero() {
-        0.0
-    } else {
-        w / busy_every.as_secs_f64() * f64::from(BURST_READS / 2)
-    };
-    lone.max(busy)
-}

@@ -133,12 +133,15 @@ fn defaults_apply_and_volume_overrides() {
     let c = parse_str(&text).unwrap();
     assert_eq!(c.window, Duration::from_secs(300));
     let (a, b) = (&c.volumes[0], &c.volumes[1]);
-    assert_eq!(a.interval, Duration::from_secs(2));
-    assert_eq!(a.sync_method, SyncMethod::Fsync);
-    assert!(a.commit_probe && a.read_probe);
-    assert_eq!(b.interval, Duration::from_millis(250));
-    assert!(!b.commit_probe && b.read_probe);
-    assert_eq!(b.read_file_size, DEFAULT_READ_FILE_SIZE);
+    assert_eq!(a.probe.interval, Duration::from_secs(2));
+    assert_eq!(a.probe.sync_method, SyncMethod::Fsync);
+    assert!(a.probe.commit_probe && a.probe.read_probe);
+    assert_eq!(b.probe.interval, Duration::from_millis(250));
+    assert!(!b.probe.commit_probe && b.probe.read_probe);
+    assert_eq!(
+        b.probe.read_file_size,
+        crate::probe::settings::ProbeSettings::default().read_file_size
+    );
     assert_eq!(b.probe_dir, dir.path().canonicalize().unwrap().join("pb"));
 }
 
@@ -180,7 +183,7 @@ fn probe_path_flags() {
     };
     let c = build(None, RawConfig::default(), &flags).unwrap();
     assert_eq!(c.volumes[0].name, "wal");
-    assert_eq!(c.volumes[0].engine, EngineChoice::Sync);
+    assert_eq!(c.volumes[0].probe.engine, EngineChoice::Sync);
 
     let flags = FlagOverrides {
         probe_paths: vec![sub.display().to_string()],

@@ -26,11 +26,21 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::config::{BURST_COMMITS, LimitsConfig};
 use crate::model::pacing;
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
+use crate::probe::settings::BURST_COMMITS;
 use cgroup::{Counters, Located, ProcCgroups};
+
+/// Where and how often IO limits are read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LimitsSettings {
+    pub interval: std::time::Duration,
+    /// Where the cgroup hierarchies are mounted.
+    pub cgroup_root: PathBuf,
+    pub proc_root: PathBuf,
+    pub sys_root: PathBuf,
+}
 
 /// One limit on one volume.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,7 +143,7 @@ fn postmaster_pid(data_dir: &Path) -> Option<String> {
 
 /// Runs the limits collector until the process ends.
 pub async fn run(
-    cfg: LimitsConfig,
+    cfg: LimitsSettings,
     volumes: Arc<VolumeSet>,
     clusters: Arc<ClusterSet>,
     state: Arc<LimitsState>,
@@ -165,7 +175,7 @@ pub async fn run(
 }
 
 fn collect(
-    cfg: &LimitsConfig,
+    cfg: &LimitsSettings,
     volumes: &VolumeSet,
     clusters: &[ClusterSnapshot],
     prev: &mut Prev,

@@ -12,8 +12,6 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::config::check_probe_dir;
-
 /// What a filesystem holds for a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
@@ -166,9 +164,9 @@ fn probe_dir_beside(cluster: &str, dir: &Path, dev: u64) -> Result<PathBuf, Stri
             dir.display()
         ));
     }
-    let pd = parent.join(format!("pg-storage-exporter-probe-{}", sanitize(cluster)));
-    check_probe_dir(dir, &pd)?;
-    Ok(pd)
+    // The caller still checks the result against the probe-placement
+    // rules (never inside a PostgreSQL directory) before using it.
+    Ok(parent.join(format!("pg-storage-exporter-probe-{}", sanitize(cluster))))
 }
 
 #[cfg(test)]

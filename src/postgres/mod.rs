@@ -20,9 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::config::VolumeDefaults;
 use crate::model::ceiling::mean_sync_seconds;
-use crate::probe::set::VolumeSet;
 use crate::types::SyncMethod;
 use dsn::Target;
 use failure::{Cause, ConnectFailure, Failures, QueryError, Report};
@@ -249,8 +247,7 @@ pub async fn run(
     cfg: ClusterConfig,
     target: Target,
     state: Arc<ClusterState>,
-    volumes: Arc<VolumeSet>,
-    defaults: VolumeDefaults,
+    discover: Option<tokio::sync::mpsc::UnboundedSender<DiscoveryRequest>>,
 ) {
     let mut backoff = BACKOFF_START;
     let mut failures = Failures::default();
@@ -353,7 +350,7 @@ pub async fn run(
             failures: &mut failures,
         };
         let Err(lost) = session
-            .serve(version.0, &volumes, &defaults, &mut discovered)
+            .serve(version.0, discover.as_ref(), &mut discovered)
             .await;
         // Closes the socket, also when a reply is still owed.
         drop(conn);
@@ -442,8 +439,7 @@ impl Session<'_> {
     async fn serve(
         mut self,
         version: u32,
-        volumes: &VolumeSet,
-        defaults: &VolumeDefaults,
+        discover: Option<&tokio::sync::mpsc::UnboundedSender<DiscoveryRequest>>,
         discovered: &mut bool,
     ) -> Result<std::convert::Infallible, Lost> {
         let cfg = self.cfg;
@@ -456,8 +452,8 @@ impl Session<'_> {
                 _ = scrape.tick() => {
                     let t0 = Instant::now();
                     let stats = self.scrape_once(version).await?;
-                    if !*discovered && cfg.discover_volumes {
-                        *discovered = self.discover(volumes, defaults, &stats, version).await?;
+                    if let Some(tx) = discover.filter(|_| !*discovered && cfg.discover_volumes) {
+                        *discovered = self.discover(tx, &stats, version).await?;
                     }
                     self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
                 }
@@ -571,13 +567,27 @@ fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) -> Vec
     rows
 }
 
-/// Discovers and adds the cluster's volumes. Returns true when done (also
-/// when discovery is impossible, which is logged once).
+/// What volume discovery needs from a cluster, read over its connection.
+/// Planning it touches the filesystem (and may hang on a dead network
+/// volume), so the collector only sends this; the daemon plans and adds
+/// volumes on a blocking thread.
+#[derive(Debug, Clone)]
+pub struct DiscoveryRequest {
+    pub cluster: String,
+    /// The server's major version (e.g. 16), checked against PG_VERSION.
+    pub major: u32,
+    pub data_directory: PathBuf,
+    /// (name, location) of each tablespace.
+    pub tablespaces: Vec<(String, String)>,
+    pub sync_method: SyncMethod,
+}
+
 impl Session<'_> {
+    /// Asks for the cluster's volumes to be discovered. Returns true when
+    /// done (also when discovery is impossible, which is logged once).
     async fn discover(
         &mut self,
-        volumes: &VolumeSet,
-        defaults: &VolumeDefaults,
+        tx: &tokio::sync::mpsc::UnboundedSender<DiscoveryRequest>,
         stats: &PgStats,
         version: u32,
     ) -> Result<bool, Lost> {
@@ -594,48 +604,28 @@ impl Session<'_> {
         let r = queries::tablespaces(self.db).await;
         let tablespaces = self.keep("tablespaces", r)?.unwrap_or_default();
         let sync_method = match stats.settings.iter().find(|s| s.name == "wal_sync_method") {
-        Some(s) => SyncMethod::parse(&s.value).unwrap_or_else(|| {
-            tracing::warn!(cluster = %cfg.name, wal_sync_method = %s.value, "wal_sync_method has no Linux equivalent; probing with fdatasync");
-            SyncMethod::Fdatasync
-        }),
-        None => SyncMethod::Fdatasync,
-    };
-        let plan = match discovery::plan(&cfg.name, version / 10000, &data_dir, &tablespaces) {
-            Ok(p) => p,
-            Err(why) => {
-                tracing::info!(cluster = %cfg.name, reason = %why, "volume discovery skipped");
-                return Ok(true);
-            }
+            Some(s) => SyncMethod::parse(&s.value).unwrap_or_else(|| {
+                tracing::warn!(cluster = %cfg.name, wal_sync_method = %s.value, "wal_sync_method has no Linux equivalent; probing with fdatasync");
+                SyncMethod::Fdatasync
+            }),
+            None => SyncMethod::Fdatasync,
         };
-        let mut roles = Vec::new();
-        for p in plan {
-            let labels: Vec<String> = p.roles.iter().map(|r| r.label()).collect();
-            if let Some(existing) = volumes.on_device(p.dev) {
-                tracing::info!(cluster = %cfg.name, volume = %existing.name, roles = ?labels, "filesystem already probed by another volume");
-                roles.extend(labels.into_iter().map(|r| (existing.name.clone(), r)));
-                continue;
-            }
-            let Some(probe_dir) = p.probe_dir.clone() else {
-                tracing::warn!(cluster = %cfg.name, path = %p.path.display(), roles = ?labels, reason = ?p.skipped, "not probing this filesystem");
-                continue;
-            };
-            let vc = defaults.volume(
-                p.name.clone(),
-                p.path.clone(),
-                probe_dir,
-                p.commit_probe(),
-                p.read_probe(),
-                sync_method,
-            );
-            match volumes.add(vc) {
-                Ok(v) => roles.extend(labels.into_iter().map(|r| (v.name.clone(), r))),
-                Err(e) => {
-                    tracing::warn!(cluster = %cfg.name, volume = %p.name, error = %e, "cannot add discovered volume")
-                }
-            }
-        }
-        self.state.with(|i| i.snap.volumes = roles);
+        // The receiver is gone only while the daemon shuts down.
+        let _ = tx.send(DiscoveryRequest {
+            cluster: cfg.name.clone(),
+            major: version / 10000,
+            data_directory: data_dir,
+            tablespaces,
+            sync_method,
+        });
         Ok(true)
+    }
+}
+
+impl ClusterState {
+    /// Which volumes hold this cluster's directories: (volume, role).
+    pub fn set_volumes(&self, roles: Vec<(String, String)>) {
+        self.with(|i| i.snap.volumes = roles);
     }
 }
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use thiserror::Error;
 
-use crate::config::BLOCK_SIZE;
+use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME};
 use crate::probe::{Rng, errno_name};
 use crate::types::SyncMethod;
 use crate::units::fmt_bytes;
@@ -590,9 +590,10 @@ impl ProbeDir {
         // A directory an administrator made and configured as probe_dir
         // stays, so the next start does not need write access to its parent.
         let ours = self.created
-            || self.path.file_name().is_some_and(|n| {
-                n == crate::config::PROBE_DIR_NAME || n == crate::check::CHECK_DIR_NAME
-            });
+            || self
+                .path
+                .file_name()
+                .is_some_and(|n| n == PROBE_DIR_NAME || n == CHECK_DIR_NAME);
         if !ours {
             return problems;
         }
@@ -877,7 +878,7 @@ mod tests {
         assert!(admin.is_dir(), "kept");
         assert_eq!(std::fs::read_dir(&admin).unwrap().count(), 0, "but emptied");
 
-        let leftover = tmp.path().join(crate::config::PROBE_DIR_NAME);
+        let leftover = tmp.path().join(PROBE_DIR_NAME);
         std::fs::create_dir(&leftover).unwrap();
         std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o700)).unwrap();
         let pd = ProbeDir::open(&leftover).unwrap();

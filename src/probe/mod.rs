@@ -9,8 +9,10 @@
 pub mod engine;
 pub mod files;
 pub mod fsinfo;
+pub mod placement;
 pub mod runner;
 pub mod set;
+pub mod settings;
 pub mod state;
 pub mod sweep;
 

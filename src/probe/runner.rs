@@ -13,10 +13,10 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::config::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeConfig, WAL_FILE_SIZE};
 use crate::exposition::probe::ProbeMetrics;
 use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
+use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
 use crate::probe::state::VolumeState;
 use crate::probe::{IoFailure, Rng};
 use crate::types::{Op, Phase};
@@ -71,7 +71,7 @@ impl Stop {
 /// `probe-<volume>` (truncated by the kernel to 15 bytes) so it can be found
 /// in `top -H` and stack dumps.
 pub fn spawn(
-    cfg: VolumeConfig,
+    cfg: VolumeSpec,
     state: Arc<VolumeState>,
     metrics: ProbeMetrics,
     stop: Arc<Stop>,
@@ -92,7 +92,7 @@ pub fn spawn(
 }
 
 struct Runner {
-    cfg: VolumeConfig,
+    cfg: VolumeSpec,
     state: Arc<VolumeState>,
     metrics: ProbeMetrics,
     stop: Arc<Stop>,
@@ -142,17 +142,17 @@ impl Runner {
             volume = %self.cfg.name,
             probe_dir = %self.cfg.probe_dir.display(),
             engine = %p.engine.kind(),
-            sync_method = %self.cfg.sync_method,
+            sync_method = %self.cfg.probe.sync_method,
             commit = p.wal.is_some(),
             read = p.read.is_some(),
-            interval = ?self.cfg.interval,
-            busy_every = ?self.cfg.busy_every,
+            interval = ?self.cfg.probe.interval,
+            busy_every = ?self.cfg.probe.busy_every,
             "probing"
         );
-        let read_blocks = self.cfg.read_file_size / BLOCK_SIZE as u64;
+        let read_blocks = self.cfg.probe.read_file_size / BLOCK_SIZE as u64;
         // The first sweep right after start, then every sweep_every. It needs
         // io_uring for depths above 1 and the read probe file.
-        let mut next_sweep = if self.cfg.sweep_every.is_zero() {
+        let mut next_sweep = if self.cfg.probe.sweep_every.is_zero() {
             None
         } else if p.read.is_none() || p.engine.kind() != crate::types::EngineKind::IoUring {
             tracing::warn!(volume = %self.cfg.name, "queue-depth sweep needs io_uring and the read probe; not sweeping");
@@ -164,7 +164,8 @@ impl Runner {
         let mut next = Instant::now();
         // The first burst a few rounds in, once the lone probes have
         // started; then every busy_every.
-        let mut next_burst = (!self.cfg.busy_every.is_zero()).then(|| next + 3 * self.cfg.interval);
+        let mut next_burst =
+            (!self.cfg.probe.busy_every.is_zero()).then(|| next + 3 * self.cfg.probe.interval);
         loop {
             if self.stop.is_stopped() {
                 break;
@@ -172,7 +173,7 @@ impl Runner {
             // Stretched when the exporter's own writes would take too large
             // a share of a write-IOPS cap that counts them.
             let slowdown = self.state.slowdown();
-            let interval = self.cfg.interval.mul_f64(slowdown);
+            let interval = self.cfg.probe.interval.mul_f64(slowdown);
             // The lone probes: what a commit and a read cost after a pause.
             if let Some(wal) = &p.wal {
                 self.commit_probe(&mut p.engine, wal, &mut wal_block, Some(Phase::AfterIdle));
@@ -197,13 +198,13 @@ impl Runner {
                     break;
                 }
                 self.burst(&mut p, &mut wal_block, read_blocks);
-                next_burst = Some(Instant::now() + self.cfg.busy_every.mul_f64(slowdown));
+                next_burst = Some(Instant::now() + self.cfg.probe.busy_every.mul_f64(slowdown));
             }
             if let (Some(at), Some(read)) = (next_sweep, &p.read)
                 && Instant::now() >= at
             {
                 self.sweep(read);
-                next_sweep = Some(Instant::now() + self.cfg.sweep_every);
+                next_sweep = Some(Instant::now() + self.cfg.probe.sweep_every);
                 next = Instant::now();
             }
             if !dir_gone && Instant::now() >= next_check {
@@ -258,7 +259,7 @@ impl Runner {
                 }
             }
             if p.engine.is_poisoned() {
-                match Engine::new(self.cfg.engine) {
+                match Engine::new(self.cfg.probe.engine) {
                     Ok((e, _)) => p.engine = e,
                     Err(e) => {
                         tracing::error!(volume = %self.cfg.name, error = %e, "cannot rebuild IO engine")
@@ -349,7 +350,7 @@ impl Runner {
     }
 
     fn setup(&mut self) -> Result<Prepared, SetupError> {
-        let (engine, fallback) = Engine::new(self.cfg.engine)?;
+        let (engine, fallback) = Engine::new(self.cfg.probe.engine)?;
         if let Some(reason) = fallback {
             tracing::info!(volume = %self.cfg.name, reason = %reason, "io_uring unavailable, using the sync (syscall) engine");
         }
@@ -376,14 +377,14 @@ impl Runner {
                 d
             }
         };
-        let reserve = self.cfg.free_space_reserve;
-        let wal = if self.cfg.commit_probe {
-            Some(dir.create_wal_file(WAL_FILE_SIZE, self.cfg.sync_method, reserve)?)
+        let reserve = self.cfg.probe.free_space_reserve;
+        let wal = if self.cfg.probe.commit_probe {
+            Some(dir.create_wal_file(WAL_FILE_SIZE, self.cfg.probe.sync_method, reserve)?)
         } else {
             None
         };
-        let read = if self.cfg.read_probe {
-            match dir.create_read_file(self.cfg.read_file_size, reserve) {
+        let read = if self.cfg.probe.read_probe {
+            match dir.create_read_file(self.cfg.probe.read_file_size, reserve) {
                 Ok(f) => Some(f),
                 Err(e @ SetupError::DirectIoUnsupported { .. }) if wal.is_some() => {
                     // Permanent for this filesystem (tmpfs before 6.6, some
@@ -446,7 +447,7 @@ impl Runner {
         // segment: overwrite preallocated blocks, never extend.
         *wal_block = (*wal_block + 1) % (WAL_FILE_SIZE / BLOCK_SIZE as u64);
         self.state.begin(Op::Commit);
-        let r = engine.commit(raw(wal), offset, self.cfg.sync_method);
+        let r = engine.commit(raw(wal), offset, self.cfg.probe.sync_method);
         self.state.end();
         let at = Instant::now();
         match r {
@@ -494,7 +495,7 @@ impl Runner {
                     let s = d.as_secs_f64();
                     self.metrics.observe(&self.cfg.name, Op::Read, phase, s);
                     self.state.record(Op::Read, phase, at, s);
-                    if d < self.cfg.cache_served_threshold {
+                    if d < self.cfg.probe.cache_served_threshold {
                         self.metrics.cache_served(&self.cfg.name);
                     }
                 }
@@ -513,8 +514,8 @@ impl Runner {
         let t0 = Instant::now();
         match crate::probe::sweep::run(
             raw(read),
-            self.cfg.read_file_size,
-            self.cfg.sweep_duration,
+            self.cfg.probe.read_file_size,
+            self.cfg.probe.sweep_duration,
             &|| stop.is_stopped(),
         ) {
             Ok(points) => {

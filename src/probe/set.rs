@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::config::VolumeConfig;
 use crate::exposition::probe::ProbeMetrics;
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::runner::{self, Stop};
+use crate::probe::settings::VolumeSpec;
 use crate::probe::state::VolumeState;
 
 #[derive(Debug)]
@@ -62,7 +62,7 @@ impl VolumeSet {
     }
 
     /// Adds a volume and starts its probe thread.
-    pub fn add(&self, cfg: VolumeConfig) -> anyhow::Result<Arc<VolumeState>> {
+    pub fn add(&self, cfg: VolumeSpec) -> anyhow::Result<Arc<VolumeState>> {
         if self.stop.is_stopped() {
             anyhow::bail!("shutting down");
         }

@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::config::{MAX_WINDOW_SAMPLES, VolumeConfig};
 use crate::model::window::Window;
 use crate::probe::files::ProbeDir;
 use crate::probe::fsinfo::FsInfo;
+use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeSpec};
 use crate::types::{EngineKind, Op, Phase, SERIES, SyncMethod, series};
 
 fn base() -> Instant {
@@ -98,18 +98,18 @@ pub struct Snapshot {
 }
 
 impl VolumeState {
-    pub fn new(cfg: &VolumeConfig, window: Duration, fs: FsInfo) -> VolumeState {
+    pub fn new(cfg: &VolumeSpec, window: Duration, fs: FsInfo) -> VolumeState {
         let cap = MAX_WINDOW_SAMPLES as usize;
         VolumeState {
             name: cfg.name.clone(),
             path: cfg.path.clone(),
             probe_dir_path: cfg.probe_dir.clone(),
-            sync_method: cfg.sync_method,
-            commit_probe: cfg.commit_probe,
-            read_probe: cfg.read_probe,
-            timeout: cfg.timeout,
-            interval: cfg.interval,
-            busy_every: cfg.busy_every,
+            sync_method: cfg.probe.sync_method,
+            commit_probe: cfg.probe.commit_probe,
+            read_probe: cfg.probe.read_probe,
+            timeout: cfg.probe.timeout,
+            interval: cfg.probe.interval,
+            busy_every: cfg.probe.busy_every,
             provisioned: cfg.provisioned.clone(),
             cgroup: cfg.cgroup.clone(),
             fs: Mutex::new(fs),

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use io_uring::{IoUring, opcode, types};
 
-use crate::config::BLOCK_SIZE;
 use crate::model::plateau::DepthPoint;
 use crate::probe::Rng;
 use crate::probe::files::AlignedBuf;
+use crate::probe::settings::BLOCK_SIZE;
 
 pub const DEPTHS: [u32; 4] = [1, 4, 16, 64];
 

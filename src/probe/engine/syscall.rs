@@ -5,8 +5,8 @@
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use crate::config::BLOCK_SIZE;
 use crate::probe::files::AlignedBuf;
+use crate::probe::settings::BLOCK_SIZE;
 use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, SyncMethod};
 

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use io_uring::{IoUring, opcode, types};
 
-use crate::config::BLOCK_SIZE;
 use crate::probe::files::AlignedBuf;
+use crate::probe::settings::BLOCK_SIZE;
 use crate::probe::{Cause, IoFailure};
 use crate::types::Op;
 

@@ -1,0 +1,410 @@
+//! What a probed volume is and how it is probed: [`VolumeSpec`] (identity,
+//! place, limits) around one [`ProbeSettings`] (the knobs a `[[volume]]`,
+//! `[defaults]` and the `--probe.*` flags share), and [`RANGES`], the one
+//! table of their allowed values. The configuration, discovery and `check`
+//! build specs from here; nothing here knows where a value was written.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::types::{EngineChoice, SyncMethod};
+use crate::units::{fmt_bytes, fmt_duration};
+
+/// The IO size PostgreSQL uses for WAL and heap pages (BLCKSZ).
+pub const BLOCK_SIZE: usize = 8192;
+/// A WAL segment is 16 MiB by default; the WAL probe cycles through one.
+pub const WAL_FILE_SIZE: u64 = 16 << 20;
+/// Probe directory created inside a volume path when none is configured.
+pub const PROBE_DIR_NAME: &str = "pg-storage-exporter-probe";
+/// Where `check` probes when given no probe directory: its own name, so a
+/// `check` never touches a running exporter's files.
+pub const CHECK_DIR_NAME: &str = "pg-storage-exporter-check";
+/// Samples one window may hold per op; bounds memory at ~1.6 MiB per op.
+pub const MAX_WINDOW_SAMPLES: u64 = 100_000;
+/// Commit probes in one burst. The first half warms the device path up and
+/// is not recorded: on the build machine a burst's commits after a 1 s
+/// pause took about 530, 190, 170, 140, 130 µs, and reached the back-to-back
+/// figure (±10 %) only after about eight.
+pub const BURST_COMMITS: u32 = 24;
+/// Read probes in one burst, after its commits. Reads cost no device
+/// write, and need longer to converge (about 30 reads on the build machine).
+pub const BURST_READS: u32 = 64;
+
+/// The per-volume probe knobs, with their defaults in [`Default`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProbeSettings {
+    pub commit_probe: bool,
+    pub read_probe: bool,
+    /// Time between lone probes (the after-idle figure).
+    pub interval: Duration,
+    /// A probe in flight longer than this is reported as hung.
+    pub timeout: Duration,
+    pub read_file_size: u64,
+    pub sync_method: SyncMethod,
+    /// Never let the probe files push a volume below this much free space.
+    pub free_space_reserve: u64,
+    pub engine: EngineChoice,
+    /// Reads faster than this did not reach a device.
+    pub cache_served_threshold: Duration,
+    /// Queue-depth sweep period; zero = off.
+    pub sweep_every: Duration,
+    pub sweep_duration: Duration,
+    /// How often a burst runs for the busy figure; zero = no bursts (no
+    /// busy figure).
+    pub busy_every: Duration,
+}
+
+impl Default for ProbeSettings {
+    fn default() -> Self {
+        ProbeSettings {
+            commit_probe: true,
+            read_probe: true,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(10),
+            // Big enough that random 8 KiB reads rarely hit the same block
+            // twice in a window, small enough to write at start on any volume.
+            read_file_size: 64 << 20,
+            sync_method: SyncMethod::default(),
+            // Never let the probe files push a PostgreSQL volume into its
+            // last GiB.
+            free_space_reserve: 1 << 30,
+            engine: EngineChoice::default(),
+            // Flash needs tens of µs for an 8 KiB read; a hypervisor cache
+            // answered in 668 ns on published measurements.
+            cache_served_threshold: Duration::from_micros(5),
+            sweep_every: Duration::ZERO,
+            // 2 s per depth: long enough for a steady figure at depth 64.
+            sweep_duration: Duration::from_secs(8),
+            // With a burst of BURST_COMMITS commits this adds 0.6 commits per
+            // second to the lone probe's one. On the build machine's ext4 a
+            // commit probe cost 2.27 device writes (two of its own and a
+            // share of the journal thread's), so 1.6 commits per second are
+            // 3.6 device writes per second per volume, under a budget of 4; a
+            // burst every 30 s measured 4.08.
+            busy_every: Duration::from_secs(40),
+        }
+    }
+}
+
+/// One volume to probe, fully resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeSpec {
+    pub name: String,
+    /// The directory whose storage is measured.
+    pub path: PathBuf,
+    /// Where probe files live: on the same filesystem as `path`.
+    pub probe_dir: PathBuf,
+    pub probe: ProbeSettings,
+    /// Provisioned (cloud) limits: (resource label, value).
+    pub provisioned: Vec<(&'static str, u64)>,
+    /// A configured cgroup path whose limits apply.
+    pub cgroup: Option<String>,
+}
+
+/// A knob with a bounded value. Every source of a value (file, flag,
+/// default for discovery, `check`) checks it against [`RANGES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Knob {
+    Interval,
+    Timeout,
+    ReadFileSize,
+    CacheServedThreshold,
+    SweepEvery,
+    SweepDuration,
+    BusyEvery,
+    Window,
+    ShutdownTimeout,
+    LimitsInterval,
+    ScrapeInterval,
+    WaitSamplingInterval,
+    StatementTimeout,
+}
+
+/// The allowed values of one knob.
+#[derive(Debug, Clone, Copy)]
+pub struct Range {
+    pub knob: Knob,
+    /// The config file key (also named in flag errors).
+    pub key: &'static str,
+    pub min: u64,
+    pub max: u64,
+    /// 0 is allowed and means "off" even though it is below `min`.
+    pub zero_is_off: bool,
+    /// The message for a value below `min` when the bound has a reason
+    /// worth telling ("too short: ..."); else "out of range: use A to B".
+    pub below: &'static str,
+    /// The same for a value above `max`.
+    pub above: &'static str,
+}
+
+const MS: u64 = 1_000_000;
+const S: u64 = 1_000 * MS;
+
+/// Durations in nanoseconds, sizes in bytes.
+pub const RANGES: &[Range] = &[
+    Range {
+        knob: Knob::Interval,
+        key: "interval",
+        min: MS,
+        max: 3600 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::Timeout,
+        key: "timeout",
+        min: 10 * MS,
+        max: u64::MAX,
+        zero_is_off: false,
+        below: "too short: a healthy network volume can take 10 ms",
+        above: "",
+    },
+    Range {
+        knob: Knob::ReadFileSize,
+        key: "read_file_size",
+        min: 1 << 20,
+        max: 1 << 40,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::CacheServedThreshold,
+        key: "cache_served_threshold",
+        min: 0,
+        max: MS,
+        zero_is_off: false,
+        below: "",
+        above: "too long: devices answer 8 KiB reads in tens of µs; use at most 1ms",
+    },
+    Range {
+        knob: Knob::SweepEvery,
+        key: "sweep_every",
+        min: 60 * S,
+        max: u64::MAX,
+        zero_is_off: true,
+        below: "too often: a sweep loads the device; use 0s (off) or at least 1m",
+        above: "",
+    },
+    Range {
+        knob: Knob::SweepDuration,
+        key: "sweep_duration",
+        min: S,
+        max: 300 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::BusyEvery,
+        key: "busy_every",
+        min: 5 * S,
+        max: 3600 * S,
+        zero_is_off: true,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::Window,
+        key: "window",
+        min: 10 * S,
+        max: 24 * 3600 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::ShutdownTimeout,
+        key: "shutdown_timeout",
+        min: 100 * MS,
+        max: 300 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::LimitsInterval,
+        key: "limits_interval",
+        min: 200 * MS,
+        max: 600 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::ScrapeInterval,
+        key: "scrape_interval",
+        min: 100 * MS,
+        max: 3600 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::WaitSamplingInterval,
+        key: "wait_sampling_interval",
+        min: 100 * MS,
+        max: 3600 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        knob: Knob::StatementTimeout,
+        key: "statement_timeout",
+        min: 100 * MS,
+        max: 3600 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+];
+
+impl Knob {
+    pub fn range(self) -> &'static Range {
+        // Every knob has a row: the unit test `every_knob_has_one_row`
+        // keeps it so; the first row is a harmless fallback.
+        RANGES.iter().find(|r| r.knob == self).unwrap_or(&RANGES[0])
+    }
+
+    fn is_size(self) -> bool {
+        matches!(self, Knob::ReadFileSize)
+    }
+
+    /// Checks a duration knob. The error says why, without the value
+    /// (callers put the value and where it came from in front).
+    pub fn check_duration(self, d: Duration) -> Result<Duration, String> {
+        let n = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.check_raw(n).map(|_| d)
+    }
+
+    /// Checks a size knob.
+    pub fn check_bytes(self, b: u64) -> Result<u64, String> {
+        self.check_raw(b)?;
+        if self == Knob::ReadFileSize && b % BLOCK_SIZE as u64 != 0 {
+            return Err("not a multiple of 8KiB, the read size".to_string());
+        }
+        Ok(b)
+    }
+
+    fn check_raw(self, v: u64) -> Result<(), String> {
+        let r = self.range();
+        if (r.zero_is_off && v == 0) || (r.min..=r.max).contains(&v) {
+            return Ok(());
+        }
+        if v < r.min && !r.below.is_empty() {
+            return Err(r.below.to_string());
+        }
+        if v > r.max && !r.above.is_empty() {
+            return Err(r.above.to_string());
+        }
+        let show = |n: u64| {
+            if self.is_size() {
+                fmt_bytes(n)
+            } else {
+                fmt_duration(Duration::from_nanos(n))
+            }
+        };
+        Err(if r.zero_is_off {
+            format!(
+                "out of range: use 0s (off) or {} to {}",
+                show(r.min),
+                show(r.max)
+            )
+        } else {
+            format!("out of range: use {} to {}", show(r.min), show(r.max))
+        })
+    }
+
+    /// Checks a duration and phrases the error as the config file does:
+    /// `7200s is out of range: use 1ms to 1h`.
+    pub fn check_written(self, d: Duration) -> Result<Duration, String> {
+        self.check_duration(d).map_err(|m| format!("{d:?} is {m}"))
+    }
+
+    /// The same for a size.
+    pub fn check_written_bytes(self, b: u64) -> Result<u64, String> {
+        self.check_bytes(b).map_err(|m| {
+            if m.starts_with("not a multiple") {
+                format!("{b} bytes is {m}")
+            } else {
+                format!("{} is {m}", fmt_bytes(b))
+            }
+        })
+    }
+}
+
+/// The most samples one (op, phase) window holds: the lone probes' or, for
+/// the busy phase, the recorded half of each burst's reads.
+pub fn window_samples(window: Duration, interval: Duration, busy_every: Duration) -> f64 {
+    let w = window.as_secs_f64();
+    let lone = w / interval.as_secs_f64().max(1e-9);
+    let busy = if busy_every.is_zero() {
+        0.0
+    } else {
+        w / busy_every.as_secs_f64() * f64::from(BURST_READS / 2)
+    };
+    lone.max(busy)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_knob_has_one_row() {
+        use Knob::*;
+        for k in [
+            Interval,
+            Timeout,
+            ReadFileSize,
+            CacheServedThreshold,
+            SweepEvery,
+            SweepDuration,
+            BusyEvery,
+            Window,
+            ShutdownTimeout,
+            LimitsInterval,
+            ScrapeInterval,
+            WaitSamplingInterval,
+            StatementTimeout,
+        ] {
+            assert_eq!(RANGES.iter().filter(|r| r.knob == k).count(), 1, "{k:?}");
+        }
+    }
+
+    #[test]
+    fn ranges_name_the_bounds_and_the_reason() {
+        let e = Knob::Timeout
+            .check_written(Duration::from_millis(5))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "5ms is too short: a healthy network volume can take 10 ms"
+        );
+        assert_eq!(
+            Knob::Interval.check_written(Duration::from_secs(7200)),
+            Err("7200s is out of range: use 1ms to 1h".to_string())
+        );
+        assert!(Knob::BusyEvery.check_duration(Duration::ZERO).is_ok());
+        assert_eq!(
+            Knob::BusyEvery.check_duration(Duration::from_secs(1)),
+            Err("out of range: use 0s (off) or 5s to 1h".to_string())
+        );
+        assert!(Knob::Interval.check_duration(Duration::ZERO).is_err());
+        let e = Knob::SweepEvery
+            .check_written(Duration::from_secs(30))
+            .unwrap_err();
+        assert!(e.starts_with("30s is too often"), "{e}");
+        assert!(Knob::ReadFileSize.check_bytes(64 << 20).is_ok());
+        let e = Knob::ReadFileSize
+            .check_written_bytes((1 << 20) + 1)
+            .unwrap_err();
+        assert_eq!(e, "1048577 bytes is not a multiple of 8KiB, the read size");
+        let e = Knob::ReadFileSize
+            .check_written_bytes(100 << 10)
+            .unwrap_err();
+        assert_eq!(e, "100KiB is out of range: use 1MiB to 1TiB");
+    }
+}

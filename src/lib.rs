@@ -6,6 +6,7 @@ pub mod check;
 pub mod cli;
 pub mod config;
 pub mod exposition;
+pub mod families;
 pub mod http;
 pub mod limits;
 pub mod logging;

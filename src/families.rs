@@ -1,0 +1,163 @@
+//! Constant metric families written through prometheus-client's
+//! [`DescriptorEncoder`]: every series the exporter serves goes through
+//! this one encoder (and so one escaping, one counter naming, one
+//! OpenMetrics/Prometheus text switch). A leaf module: the exposition and
+//! the PostgreSQL views both write their families with it.
+//!
+//! Values are computed from a snapshot at scrape time, so they are
+//! "const" metrics in prometheus-client's sense ([`ConstGauge`],
+//! [`ConstCounter`]); labels are arrays or slices of `(name, value)` pairs.
+
+use std::fmt;
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+pub use prometheus_client::encoding::DescriptorEncoder as Encoder;
+
+/// A gauge family. `name` is the full series name. With no rows the
+/// family is still described (HELP/TYPE), so a dashboard can tell "no
+/// series right now" from "this build has no such metric".
+pub fn gauge<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, f64)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, v) in rows {
+        ConstGauge::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A gauge family that is left out entirely when it has no rows, for
+/// families that only exist under a condition (a feature on, a limit set).
+pub fn gauge_if_any<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, f64)>,
+) -> fmt::Result {
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
+        return Ok(());
+    }
+    gauge(enc, name, help, rows)
+}
+
+/// A counter family. `base` is the name without `_total`: prometheus-client
+/// adds it to samples (and, in the Prometheus text format, to the family).
+pub fn counter<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder<'_>,
+    base: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, f64)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(base, help, None, MetricType::Counter)?;
+    for (labels, v) in rows {
+        ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// [`counter`], left out when it has no rows.
+pub fn counter_if_any<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder<'_>,
+    base: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, f64)>,
+) -> fmt::Result {
+    let mut rows = rows.into_iter().peekable();
+    if rows.peek().is_none() {
+        return Ok(());
+    }
+    counter(enc, base, help, rows)
+}
+
+/// A histogram family from cumulative-by-encoder buckets: each row is
+/// (labels, sum, count, [(upper bound, count in that bucket)]), bucket
+/// counts not cumulative (the encoder accumulates them).
+pub fn histogram<L: EncodeLabelSet>(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (L, f64, u64, Vec<(f64, u64)>)>,
+) -> fmt::Result {
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, sum, count, buckets) in rows {
+        m.encode_family(&labels)?
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(
+                sum, count, &buckets, None,
+            )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::collector::Collector;
+    use prometheus_client::registry::Registry;
+
+    #[derive(Debug)]
+    struct Two;
+
+    impl Collector for Two {
+        fn encode(&self, mut enc: DescriptorEncoder) -> fmt::Result {
+            gauge(
+                &mut enc,
+                "x_ratio",
+                "a gauge",
+                [([("volume", "a\"b")], 0.5)],
+            )?;
+            counter(&mut enc, "x_errors", "a counter", [([("op", "read")], 3.0)])?;
+            gauge_if_any(
+                &mut enc,
+                "x_absent",
+                "none",
+                Vec::<([(&str, &str); 0], f64)>::new(),
+            )?;
+            histogram(
+                &mut enc,
+                "x_seconds",
+                "a histogram",
+                [(
+                    [("op", "read")],
+                    0.3,
+                    3,
+                    vec![(0.1, 1), (1.0, 2), (f64::INFINITY, 0)],
+                )],
+            )
+        }
+    }
+
+    #[test]
+    fn families_in_both_text_formats() {
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Two));
+        let mut prom = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut prom, &r).unwrap();
+        assert!(
+            prom.contains("# TYPE x_ratio gauge\nx_ratio{volume=\"a\\\"b\"} 0.5\n"),
+            "{prom}"
+        );
+        assert!(prom.contains("# TYPE x_errors_total counter\n"), "{prom}");
+        assert!(prom.contains("x_errors_total{op=\"read\"} 3"), "{prom}");
+        assert!(!prom.contains("x_absent"), "{prom}");
+        assert!(
+            prom.contains("x_seconds_bucket{op=\"read\",le=\"1\"} 3"),
+            "{prom}"
+        );
+        assert!(
+            prom.contains("x_seconds_bucket{op=\"read\",le=\"+Inf\"} 3"),
+            "{prom}"
+        );
+        let mut om = String::new();
+        prometheus_client::encoding::text::encode(&mut om, &r).unwrap();
+        assert!(om.contains("# TYPE x_errors counter\n"), "{om}");
+        assert!(om.ends_with("# EOF\n"), "{om}");
+    }
+}

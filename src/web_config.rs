@@ -154,9 +154,9 @@ enum Support {
     No(&'static str),
 }
 
-const NO_CLIENT_CERTS: &str = "pg-storage-exporter does not ask for or check client certificates; \
+const NO_CLIENT_CERTS: &str = "it does not ask for or check client certificates; \
                                `basic_auth_users` is how it authenticates clients";
-const RUSTLS_DEFAULTS: &str = "pg-storage-exporter uses rustls's default cipher suites, key \
+const RUSTLS_DEFAULTS: &str = "it uses rustls's default cipher suites, key \
                                exchange groups and their order; `min_version` and \
                                `max_version` choose the TLS versions";
 
@@ -167,7 +167,7 @@ const TOP_KEYS: &[(&str, Support)] = &[
     ("http_server_config", Support::Yes),
     (
         "rate_limit",
-        Support::No("pg-storage-exporter has no request rate limit; put a reverse proxy in front"),
+        Support::No("it has no request rate limit; put a reverse proxy in front"),
     ),
 ];
 
@@ -178,11 +178,11 @@ const TLS_KEYS: &[(&str, Support)] = &[
     ("max_version", Support::Yes),
     (
         "cert",
-        Support::No("an inline certificate is not read; name a PEM file in `cert_file`"),
+        Support::No("it reads the certificate from a PEM file: use `cert_file`"),
     ),
     (
         "key",
-        Support::No("an inline key is not read; name a PEM file in `key_file`"),
+        Support::No("it reads the key from a PEM file: use `key_file`"),
     ),
     // `client_auth_type: NoClientCert` (the toolkit's default) is accepted:
     // it says what this exporter does.
@@ -200,7 +200,7 @@ const HTTP_KEYS: &[(&str, Support)] = &[
     ("http2", Support::Yes),
     (
         "headers",
-        Support::No("pg-storage-exporter adds no configurable response headers"),
+        Support::No("it adds no configurable response headers"),
     ),
 ];
 
@@ -388,6 +388,8 @@ fn parse_users(node: &Node) -> anyhow::Result<BTreeMap<String, String>> {
         Node::Map(entries) => entries,
         other => bail!("basic_auth_users: {EXPECTED}, found {}", other.kind()),
     };
+    // Names first, then hashes: a duplicate is refused as such even when
+    // one of its hashes is also wrong.
     let mut users = BTreeMap::new();
     for (key, value) in entries {
         let Node::String(user) = key else {
@@ -401,11 +403,14 @@ fn parse_users(node: &Node) -> anyhow::Result<BTreeMap<String, String>> {
             // "user name" with a colon is most likely `user:password`.
             bail!("basic_auth_users: a user name is empty or contains ':' (not shown)");
         }
-        if users.contains_key(user) {
+        if users.insert(user.clone(), value).is_some() {
             // User names are not secret; naming it is what makes the error
             // useful. exporter-toolkit's strict YAML refuses it too.
             bail!("basic_auth_users: user {user:?} is listed twice; list each user once");
         }
+    }
+    let mut hashes = BTreeMap::new();
+    for (user, value) in users {
         // The value is never quoted: if it is not a hash it is probably a
         // plain password pasted by mistake.
         let Node::String(hash) = value else {
@@ -416,9 +421,9 @@ fn parse_users(node: &Node) -> anyhow::Result<BTreeMap<String, String>> {
         };
         check_bcrypt(hash)
             .map_err(|why| anyhow!("basic_auth_users.{user}: not a bcrypt hash ({why})"))?;
-        users.insert(user.clone(), hash.clone());
+        hashes.insert(user, hash.clone());
     }
-    Ok(users)
+    Ok(hashes)
 }
 
 /// TLS protocol versions rustls speaks.
@@ -692,7 +697,7 @@ mod tests {
         assert!(e.contains("unknown key `basic_auth_user`"), "{e}");
         let e = err("tls_server_config:\n  client_ca_file: ca.pem\n");
         assert!(
-            e.contains("`tls_server_config.client_ca_file` is not supported by pg-storage-exporter: pg-storage-exporter does not ask for or check client certificates"),
+            e.contains("`tls_server_config.client_ca_file` is not supported by pg-storage-exporter: it does not ask for or check client certificates"),
             "{e}"
         );
         let e = err("tls_server_config:\n  client_auth_type: RequireAndVerifyClientCert\n");
@@ -734,7 +739,7 @@ mod tests {
     fn duplicates_are_refused_by_name() {
         let h = bcrypt::hash("pw", 4).unwrap();
         let e = err(&format!(
-            "basic_auth_users:\n  alice: {h}\n  bob: {h}\n  alice: {h}\n"
+            "basic_auth_users:\n  alice: {h}\n  bob: {h}\n  alice: not-a-hash\n"
         ));
         assert!(
             e.contains("basic_auth_users: user \"alice\" is listed twice"),

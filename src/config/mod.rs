@@ -53,8 +53,9 @@ pub const DEFAULT_READ_FILE_SIZE: u64 = 64 << 20;
 pub const WAL_FILE_SIZE: u64 = 16 << 20;
 /// Never let the probe files push a PostgreSQL volume into its last GiB.
 pub const DEFAULT_FREE_SPACE_RESERVE: u64 = 1 << 30;
-/// Reads answered faster than this did not reach a device (published figures:
-/// flash needs tens of µs, a hypervisor cache answered in 668 ns).
+/// Reads answered faster than this did not reach a device (published figures
+/// in docs/storage-facts.md: flash needs tens of µs, a hypervisor cache
+/// answered in 668 ns).
 pub const DEFAULT_CACHE_SERVED_THRESHOLD: Duration = Duration::from_micros(5);
 /// Samples one window may hold per op; bounds memory at ~1.6 MiB per op.
 pub const MAX_WINDOW_SAMPLES: u64 = 100_000;

@@ -204,10 +204,10 @@ const HTTP_KEYS: &[(&str, Support)] = &[
     ),
 ];
 
-/// A key as it may be shown in an error: only if it looks like a key name.
-/// A "key" such as `alice:hunter2` (a password typed where a user name or a
-/// key belongs) is not shown.
-fn shown_key(key: &Node) -> String {
+/// How an unknown key is named in an error: by its text only if it looks
+/// like a key name. A "key" such as `alice:hunter2` (a password typed where
+/// a user name or a key belongs) is not shown.
+fn unknown_key(key: &Node) -> String {
     match key {
         Node::String(k)
             if !k.is_empty()
@@ -215,9 +215,9 @@ fn shown_key(key: &Node) -> String {
                 && k.chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')) =>
         {
-            format!("`{k}`")
+            format!("unknown key `{k}`")
         }
-        Node::String(_) => "a key that is not a key name (not shown)".to_string(),
+        Node::String(_) => "an unknown key that is not a key name (not shown)".to_string(),
         other => format!("a key that is {} instead of a name", other.kind()),
     }
 }
@@ -255,8 +255,8 @@ fn known_entries<'a>(
                 format!("{path}: ")
             };
             bail!(
-                "{prefix}unknown key {}; expected one of {}",
-                shown_key(key),
+                "{prefix}{}; expected one of {}",
+                unknown_key(key),
                 expected.join(", ")
             );
         };
@@ -804,7 +804,7 @@ mod tests {
             ),
             (
                 format!("alice:{M}: 1\n"),
-                "unknown key a key that is not a key name (not shown)",
+                "an unknown key that is not a key name (not shown); expected one of",
             ),
             (format!("{M}\n"), "expected a map with `tls_server_config`"),
             (

@@ -389,12 +389,12 @@ fn bad_web_configs_exit_2_naming_the_key() {
         (
             "unknown top-level key",
             "tls_srever_config:\n  cert_file: good.crt\n".into(),
-            vec!["unknown field `tls_srever_config`".into()],
+            vec!["unknown key `tls_srever_config`; expected one of `tls_server_config`".into()],
         ),
         (
             "unknown key in tls_server_config",
             tls("good.crt", "good.key", "  cert_flie: x\n"),
-            vec!["tls_server_config: unknown field `cert_flie`".into()],
+            vec!["tls_server_config: unknown key `cert_flie`; expected one of `cert_file`".into()],
         ),
         (
             "exporter-toolkit key not implemented",
@@ -403,7 +403,10 @@ fn bad_web_configs_exit_2_naming_the_key() {
                 "good.key",
                 "  client_auth_type: RequireAndVerifyClientCert\n",
             ),
-            vec!["tls_server_config.client_auth_type: not supported".into()],
+            vec![
+                "`tls_server_config.client_auth_type` is not supported by pg-storage-exporter"
+                    .into(),
+            ],
         ),
         (
             "missing cert file",
@@ -460,6 +463,32 @@ fn bad_web_configs_exit_2_naming_the_key() {
             vec!["basic_auth_users.alice".into(), "not a bcrypt hash".into()],
         ),
         (
+            "exporter-toolkit section not implemented",
+            "rate_limit:\n  interval: 1s\n  burst: 10\n".into(),
+            vec!["`rate_limit` is not supported by pg-storage-exporter".into()],
+        ),
+        (
+            "inline certificate",
+            tls("good.crt", "good.key", "  cert: x\n"),
+            vec![
+                "`tls_server_config.cert` is not supported by pg-storage-exporter".into(),
+                "use `cert_file`".into(),
+            ],
+        ),
+        (
+            "duplicate user",
+            format!(
+                "basic_auth_users:\n  alice: {h}\n  bob: {h}\n  alice: {h}\n",
+                h = hash(OTHER_PASSWORD)
+            ),
+            vec!["basic_auth_users: user \"alice\" is listed twice".into()],
+        ),
+        (
+            "duplicate key",
+            format!("{}  cert_file: good.crt\n", tls("good.crt", "good.key", "")),
+            vec!["`tls_server_config.cert_file` is given twice".into()],
+        ),
+        (
             "not YAML",
             "tls_server_config: [\n".into(),
             vec!["web.yml".into()],
@@ -491,6 +520,82 @@ fn bad_web_configs_exit_2_naming_the_key() {
     let (code, stderr) = refused(d, &missing);
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+}
+
+/// A value of the wrong type, or not a hash, is most likely a password: in
+/// no case does it reach stderr, while the key at fault is named.
+#[test]
+fn wrong_values_are_never_echoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = PASSWORD;
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("basic_auth_users: \"alice:{p}\"\n"),
+            "basic_auth_users: expected a map of user name to bcrypt hash",
+        ),
+        (
+            format!("basic_auth_users: [alice, \"{p}\"]\n"),
+            "basic_auth_users: expected a map",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: [\"{p}\"]\n"),
+            "basic_auth_users.alice: expected a bcrypt hash",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: \"{p}\"\n"),
+            "basic_auth_users.alice: not a bcrypt hash",
+        ),
+        (
+            format!("basic_auth_users:\n  alice:{p}:\n"),
+            "basic_auth_users: a user name is empty or contains ':'",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: !!int \"{p}\"\n"),
+            "line 2 column",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: !!bool {p}\n"),
+            "line 2 column",
+        ),
+        (
+            format!("basic_auth_users: {{alice: \"{p}\"\n"),
+            "not valid YAML",
+        ),
+        (
+            format!("tls_server_config: \"{p}\"\n"),
+            "tls_server_config: expected a map",
+        ),
+        (
+            format!("tls_server_config:\n  key: \"{p}\"\n"),
+            "`tls_server_config.key` is not supported",
+        ),
+        (
+            format!("tls_server_config:\n  min_version: \"{p}\"\n"),
+            "tls_server_config.min_version: expected TLS12 or TLS13",
+        ),
+        (
+            format!("http_server_config:\n  http2: \"{p}\"\n"),
+            "http_server_config.http2: expected true or false",
+        ),
+    ];
+    let web = d.join("web.yml");
+    for (text, want) in &cases {
+        std::fs::write(&web, text).unwrap();
+        let (code, stderr) = refused(d, &web);
+        assert_eq!(code, 2, "{text:?}: {stderr}");
+        assert!(stderr.contains(want), "{text:?}: {want:?} not in: {stderr}");
+        assert!(
+            stderr.contains(&format!("--web.config.file {}", web.display())),
+            "{text:?}: the file is not named: {stderr}"
+        );
+        assert!(
+            !stderr.contains(p),
+            "{text:?}: the password is quoted: {stderr}"
+        );
+        // Not even a part of it, as a YAML or serde message would show it.
+        assert!(!stderr.contains("tangerine"), "{text:?}: {stderr}");
+    }
 }
 
 /// SIGHUP reads the web configuration again: a rotated certificate is

@@ -4,8 +4,9 @@
 //! significant digits so `le` labels stay readable: 10 µs … 10 s in 37
 //! bounds. Any quantile `histogram_quantile` estimates is therefore within
 //! one bucket (≤ 47%) of the exact window quantile: fine enough to see an 11×
-//! drift or a 0.9 ms → 73 ms cap, both seen in published measurements, coarse enough to keep
-//! 4 ops × 38 series per volume.
+//! drift or a 0.9 ms → 73 ms cap, both seen in published measurements
+//! (docs/storage-facts.md), coarse enough to keep 4 ops × 38 series per
+//! volume.
 
 /// Upper bounds in seconds, ascending; `+Inf` is implicit.
 pub fn probe_buckets() -> Vec<f64> {

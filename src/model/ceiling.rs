@@ -3,8 +3,9 @@
 //! A backend that commits waits for its WAL record to be written and synced
 //! before it can send the next statement. With one client nothing else shares
 //! that sync (no group commit), so one client's commit rate cannot exceed
-//! 1 / (WAL write + sync latency). In a published NVMe measurement a 0.89 ms sync gave 904 TPS at
-//! one client once the statement's own work was added.
+//! 1 / (WAL write + sync latency). In a published NVMe measurement a 0.89 ms
+//! sync gave 904 TPS at one client once the statement's own work was added.
+//! The test tables below use the figures of docs/storage-facts.md.
 
 /// Upper bound on one client's commits per second for a given commit latency
 /// (WAL write + sync) in seconds. `None` when the latency is not a positive

@@ -2,7 +2,8 @@
 //!
 //! Nothing here does IO or reads a clock. Probes feed samples in, the metrics
 //! and `check` layers read results out. Keeping the math pure is what lets the
-//! published and measured storage figures be unit-tested as tables.
+//! published and measured storage figures (docs/storage-facts.md) be
+//! unit-tested as tables.
 
 pub mod ceiling;
 pub mod pacing;

@@ -2,9 +2,11 @@
 //!
 //! Little's law: IOPS = queue depth / mean latency. A device with spare
 //! parallelism answers deeper queues with more IOPS at similar latency
-//! (a published NVMe measurement: 10k → 41k → 135k → 294k IOPS at QD 1/4/16/64). A cap
-//! answers them with the same IOPS and proportionally longer latency
-//! (a published cgroup-cap measurement: 1,997 IOPS at QD 1 and 1,999 at QD 16, latency 0.5 → 8 ms).
+//! (a published NVMe measurement: 10k → 41k → 135k → 294k IOPS at QD
+//! 1/4/16/64). A cap answers them with the same IOPS and proportionally
+//! longer latency (a published cgroup-cap measurement: 1,997 IOPS at QD 1
+//! and 1,999 at QD 16, latency 0.5 → 8 ms). Both are in
+//! docs/storage-facts.md.
 //! That flat-IOPS, rising-latency shape is the plateau this module detects.
 
 use serde::Serialize;

@@ -1,7 +1,8 @@
 //! Plain-language warnings for `check`, computed from a run's statistics.
 //!
-//! Each rule encodes a published or measured storage fact; the thresholds are the
-//! ones a DBA can defend in a review, not tuned to this machine.
+//! Each rule encodes a published or measured storage fact (see
+//! docs/storage-facts.md); the thresholds are the ones a DBA can defend in a
+//! review, not tuned to this machine.
 
 use serde::Serialize;
 

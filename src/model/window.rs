@@ -149,7 +149,8 @@ mod tests {
 
     #[test]
     fn drift_shows_in_the_window_not_in_the_lifetime() {
-        // A published measurement: fdatasync mean drifted 10.3 ms → 0.9 ms on one volume.
+        // A published measurement (docs/storage-facts.md): fdatasync mean
+        // drifted 10.3 ms → 0.9 ms on one volume.
         // After the slow series leaves the window, p50 reflects only the new one.
         let t0 = Instant::now();
         let mut w = Window::new(Duration::from_secs(60), 10_000);

@@ -1,6 +1,6 @@
 //! The probe directory and the two probe files in it.
 //!
-//! Safety rules: the directory is the exporter's own (created
+//! Safety rules (docs/design.md): the directory is the exporter's own (created
 //! 0700, or an existing one owned by us and writable by nobody else), every
 //! file is opened relative to the directory's descriptor with `O_NOFOLLOW`
 //! so a symlink planted in it can never redirect a write, files are 0600,

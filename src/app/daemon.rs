@@ -38,8 +38,15 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         proc: cfg.limits.proc_root.clone(),
         sys: cfg.limits.sys_root.clone(),
     };
-    let (metrics, volumes) = Metrics::new(cfg.window, roots);
-    let metrics = Arc::new(metrics);
+    // The daemon owns the sets; exposition and HTTP only read them.
+    let volumes = crate::probe::set::VolumeSet::new(cfg.window, roots);
+    let clusters = Arc::new(crate::postgres::ClusterSet::default());
+    let limits = Arc::new(crate::limits::LimitsState::default());
+    let metrics = Arc::new(Metrics::new(
+        volumes.clone(),
+        clusters.clone(),
+        limits.clone(),
+    ));
 
     let listener = tokio::net::TcpListener::bind(web.listen)
         .await
@@ -64,8 +71,8 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
     let mut sup = Supervisor::new(
         cfg,
         volumes.clone(),
-        metrics.clusters(),
-        metrics.limits(),
+        clusters,
+        limits,
         shutdown_timeout.clone(),
     );
     sup.start()?;

@@ -1,22 +1,34 @@
-//! Prometheus metrics: each component registers what it owns
-//! (`register(&mut Registry) -> Self`), and scrapes only encode what is
-//! already in memory. Nothing here does IO or waits on a disk.
+//! Prometheus exposition: what `/metrics` serves. Nothing here does IO on a
+//! probed disk or waits on PostgreSQL; a scrape encodes what is in memory.
+//!
+//! One path for every series: prometheus-client's encoder. The long-lived
+//! registry holds the exporter's own counters (config reloads), the build
+//! info and the process collector; each scrape adds one [`Scrape`]
+//! collector over ONE snapshot of the volumes, clusters and limits, so the
+//! quantiles, sample counts, ceilings and PostgreSQL figures of a scrape
+//! always agree. Only the window summary is written by hand (see
+//! [`summary`]): prometheus-client has no summary type.
 
-pub mod buckets;
 pub mod config;
 pub mod derived;
+pub mod health;
 pub mod limits;
 pub mod postgres;
 pub mod probe;
+pub mod process;
+pub mod summary;
 pub mod text;
 
 use std::sync::Arc;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use crate::limits::LimitsState;
-use crate::postgres::ClusterSet;
+use crate::limits::{LimitsSnapshot, LimitsState};
+use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
+use crate::probe::state::{Snapshot, VolumeState};
 
 pub const PREFIX: &str = "pgstorage";
 
@@ -46,7 +58,8 @@ impl Format {
     }
 }
 
-/// Everything the exporter exposes.
+/// Everything the exporter exposes. The daemon owns the volume set, the
+/// cluster set and the limits state; this only reads them.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
@@ -56,73 +69,101 @@ pub struct Metrics {
     config: config::ConfigMetrics,
 }
 
+/// One scrape's state, taken once.
+#[derive(Debug)]
+pub struct ScrapeSnapshot {
+    pub volumes: Vec<(Arc<VolumeState>, Snapshot)>,
+    pub clusters: Vec<ClusterSnapshot>,
+    pub limits: LimitsSnapshot,
+}
+
 impl Metrics {
-    /// Builds the registry and the volume set whose probes feed it.
     pub fn new(
-        window: std::time::Duration,
-        roots: crate::probe::fsinfo::Roots,
-    ) -> (Metrics, Arc<VolumeSet>) {
+        volumes: Arc<VolumeSet>,
+        clusters: Arc<ClusterSet>,
+        limits: Arc<LimitsState>,
+    ) -> Metrics {
         let mut registry = Registry::default();
-        let probe = probe::ProbeMetrics::register(&mut registry);
         let config = config::ConfigMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
-        let volumes = VolumeSet::new(window, probe, roots);
-        (
-            Metrics {
-                registry,
-                volumes: volumes.clone(),
-                clusters: Arc::new(ClusterSet::default()),
-                limits: Arc::new(LimitsState::default()),
-                config,
-            },
+        registry.register_collector(Box::new(process::ProcessCollector::new()));
+        Metrics {
+            registry,
             volumes,
-        )
-    }
-
-    pub fn clusters(&self) -> Arc<ClusterSet> {
-        self.clusters.clone()
-    }
-
-    pub fn limits(&self) -> Arc<LimitsState> {
-        self.limits.clone()
+            clusters,
+            limits,
+            config,
+        }
     }
 
     pub fn config(&self) -> config::ConfigMetrics {
         self.config.clone()
     }
 
-    /// Encodes the current state. One snapshot per volume is taken, so all
-    /// derived series of a scrape agree with each other.
-    pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
+    /// Takes the one snapshot a scrape encodes.
+    pub fn snapshot(&self) -> ScrapeSnapshot {
         let now = std::time::Instant::now();
-        let volumes = self.volumes.list();
-        let snaps: Vec<_> = volumes
-            .iter()
-            .map(|v| (v.as_ref(), v.snapshot(now, &crate::model::WINDOW_QUANTILES)))
+        let volumes: Vec<_> = self
+            .volumes
+            .list()
+            .into_iter()
+            .map(|v| {
+                let s = v.snapshot(now, &crate::model::WINDOW_QUANTILES);
+                (v, s)
+            })
             .collect();
         let clusters = self.clusters.snapshots();
         let mut limits = self.limits.snapshot();
         limits.retain_current(
-            &volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+            &volumes
+                .iter()
+                .map(|(v, _)| v.name.as_str())
+                .collect::<Vec<_>>(),
             &clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
         );
+        ScrapeSnapshot {
+            volumes,
+            clusters,
+            limits,
+        }
+    }
+
+    /// Encodes the current state.
+    pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
+        let snap = Arc::new(self.snapshot());
+        let mut scrape = Registry::default();
+        scrape.register_collector(Box::new(Scrape(snap.clone())));
         let mut out = String::with_capacity(64 * 1024);
         match format {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
-                derived::encode(&mut out, &snaps, &clusters, &limits);
-                postgres::encode(&mut out, format, &clusters);
-                limits::encode(&mut out, format, &limits);
+                prometheus_client::encoding::text::encode_registry(&mut out, &scrape)?;
+                summary::encode(&mut out, &snap.volumes);
+                postgres::encode(&mut out, format, &snap.clusters);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
-                derived::encode(&mut out, &snaps, &clusters, &limits);
-                postgres::encode(&mut out, format, &clusters);
-                limits::encode(&mut out, format, &limits);
+                prometheus_client::encoding::prometheus_text::encode(&mut out, &scrape)?;
+                summary::encode(&mut out, &snap.volumes);
+                postgres::encode(&mut out, format, &snap.clusters);
             }
         }
         Ok(out)
+    }
+}
+
+/// The per-scrape collector: every family computed from the snapshot.
+#[derive(Debug)]
+struct Scrape(Arc<ScrapeSnapshot>);
+
+impl Collector for Scrape {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let s = &self.0;
+        probe::encode(&mut enc, &s.volumes)?;
+        derived::encode(&mut enc, &s.volumes, &s.clusters, &s.limits)?;
+        limits::encode(&mut enc, &s.limits)?;
+        health::encode(&mut enc, s)
     }
 }
 
@@ -131,28 +172,19 @@ impl Metrics {
 #[derive(Debug)]
 struct BuildInfo;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelSet)]
-struct BuildLabels {
-    version: &'static str,
-    target_arch: &'static str,
-}
-
-impl prometheus_client::collector::Collector for BuildInfo {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        let mut m = encoder.encode_descriptor(
+impl Collector for BuildInfo {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        crate::families::gauge(
+            &mut enc,
             "pgstorage_build_info",
             "Always 1; labels identify the exporter build.",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        let labels = BuildLabels {
-            version: env!("CARGO_PKG_VERSION"),
-            target_arch: std::env::consts::ARCH,
-        };
-        m.encode_family(&labels)?.encode_gauge(&1i64)?;
-        Ok(())
+            [(
+                [
+                    ("version", env!("CARGO_PKG_VERSION")),
+                    ("target_arch", std::env::consts::ARCH),
+                ],
+                1.0,
+            )],
+        )
     }
 }

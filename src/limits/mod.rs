@@ -73,6 +73,18 @@ pub struct LimitsSnapshot {
     pub writes_per_probe: BTreeMap<String, f64>,
     /// Why volumes have no disk, for the log.
     pub no_disk: BTreeMap<String, String>,
+    /// The latest pass: how long it took and how many reads failed.
+    pub last_run: Option<LimitsRun>,
+    /// Failed reads since start by (file kind, cause): a file that cannot
+    /// be read is an error, never "no limit".
+    pub read_errors: BTreeMap<(&'static str, &'static str), u64>,
+}
+
+/// How the latest limits pass went.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LimitsRun {
+    pub seconds: f64,
+    pub failed_reads: u32,
 }
 
 impl LimitsSnapshot {
@@ -164,7 +176,13 @@ pub async fn run(
                 Ok(p) => p,
                 Err(_) => return LimitsSnapshot::default(),
             };
-            collect(&cfg2, &volumes2, &clusters2, &mut p)
+            let t0 = Instant::now();
+            let mut snap = collect(&cfg2, &volumes2, &clusters2, &mut p);
+            snap.last_run = Some(LimitsRun {
+                seconds: t0.elapsed().as_secs_f64(),
+                failed_reads: 0,
+            });
+            snap
         })
         .await
         .unwrap_or_default();

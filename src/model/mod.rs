@@ -5,6 +5,7 @@
 //! published and measured storage figures (docs/storage-facts.md) be
 //! unit-tested as tables.
 
+pub mod buckets;
 pub mod ceiling;
 pub mod pacing;
 pub mod plateau;

@@ -6,6 +6,7 @@
 //! io_uring is unavailable). A sync that hangs blocks only that thread; its
 //! age is visible through [`state::VolumeState`] while it is in flight.
 
+pub mod counts;
 pub mod engine;
 pub mod files;
 pub mod fsinfo;

@@ -13,7 +13,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::exposition::probe::ProbeMetrics;
 use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
@@ -73,7 +72,6 @@ impl Stop {
 pub fn spawn(
     cfg: VolumeSpec,
     state: Arc<VolumeState>,
-    metrics: ProbeMetrics,
     stop: Arc<Stop>,
 ) -> std::io::Result<JoinHandle<()>> {
     let name = format!("probe-{}", cfg.name);
@@ -81,7 +79,6 @@ pub fn spawn(
         Runner {
             cfg,
             state,
-            metrics,
             stop,
             rng: Rng::seeded(),
             last_error_log: None,
@@ -94,7 +91,6 @@ pub fn spawn(
 struct Runner {
     cfg: VolumeSpec,
     state: Arc<VolumeState>,
-    metrics: ProbeMetrics,
     stop: Arc<Stop>,
     rng: Rng,
     last_error_log: Option<Instant>,
@@ -214,7 +210,7 @@ impl Runner {
                     Files::DirGone => {
                         dir_gone = true;
                         for op in Self::held_ops(&p) {
-                            self.metrics.error(&self.cfg.name, op.as_str(), "removed");
+                            self.state.counts.error(op.as_str(), "removed");
                         }
                         // The open descriptors still reach the same filesystem,
                         // so the figures stay true. Creating the directory
@@ -232,7 +228,7 @@ impl Runner {
                     Files::Changed(changed) => {
                         let mut what = Vec::new();
                         for (op, name, c) in &changed {
-                            self.metrics.error(&self.cfg.name, op.as_str(), c.label());
+                            self.state.counts.error(op.as_str(), c.label());
                             what.push(format!("{name} {}", c.label()));
                         }
                         tracing::warn!(
@@ -333,7 +329,7 @@ impl Runner {
                 Ok(p) => return Some(p),
                 Err(SetupError::Stopped) => return None,
                 Err(e) => {
-                    self.metrics.error(&self.cfg.name, "setup", e.label());
+                    self.state.counts.error("setup", e.label());
                     tracing::error!(
                         volume = %self.cfg.name,
                         error = %e,
@@ -389,7 +385,7 @@ impl Runner {
                 Err(e @ SetupError::DirectIoUnsupported { .. }) if wal.is_some() => {
                     // Permanent for this filesystem (tmpfs before 6.6, some
                     // FUSE): keep the commit probe, say so once.
-                    self.metrics.error(&self.cfg.name, "setup", e.label());
+                    self.state.counts.error("setup", e.label());
                     tracing::error!(volume = %self.cfg.name, error = %e, "read probe disabled");
                     None
                 }
@@ -454,10 +450,9 @@ impl Runner {
             Ok(t) => {
                 self.state.count_commit_probe();
                 if let Some(phase) = phase {
-                    let name = &self.cfg.name;
                     let rec = |op: Op, d: Duration| {
                         let s = d.as_secs_f64();
-                        self.metrics.observe(name, op, phase, s);
+                        self.state.counts.observe(op, phase, s);
                         self.state.record(op, phase, at, s);
                     };
                     rec(Op::Write, t.write);
@@ -493,10 +488,10 @@ impl Runner {
             Ok(d) => {
                 if let Some(phase) = phase {
                     let s = d.as_secs_f64();
-                    self.metrics.observe(&self.cfg.name, Op::Read, phase, s);
+                    self.state.counts.observe(Op::Read, phase, s);
                     self.state.record(Op::Read, phase, at, s);
                     if d < self.cfg.probe.cache_served_threshold {
-                        self.metrics.cache_served(&self.cfg.name);
+                        self.state.counts.cache_served();
                     }
                 }
                 self.succeeded(Op::Read);
@@ -538,7 +533,7 @@ impl Runner {
                 });
             }
             Err(e) => {
-                self.metrics.error(&self.cfg.name, "sweep", "sweep_failed");
+                self.state.counts.error("sweep", "sweep_failed");
                 tracing::warn!(volume = %self.cfg.name, error = %e, "queue-depth sweep failed");
             }
         }
@@ -563,8 +558,7 @@ impl Runner {
 
     fn failed(&mut self, f: IoFailure) {
         self.failing[Self::probe_slot(f.op)] += 1;
-        self.metrics
-            .error(&self.cfg.name, f.op.as_str(), f.cause.label());
+        self.state.counts.error(f.op.as_str(), f.cause.label());
         let now = Instant::now();
         if self
             .last_error_log
@@ -579,10 +573,10 @@ impl Runner {
 /// Counts probes in flight longer than their timeout, once each. Called by
 /// the daemon's watchdog every second; the stuck call itself cannot be
 /// interrupted, so this is how a hang becomes visible as an error.
-pub fn check_timeouts(volumes: &[Arc<VolumeState>], metrics: &ProbeMetrics, now: Instant) {
+pub fn check_timeouts(volumes: &[Arc<VolumeState>], now: Instant) {
     for v in volumes {
         if let Some(op) = v.take_timeout(now) {
-            metrics.error(&v.name, op.as_str(), "timeout");
+            v.counts.error(op.as_str(), "timeout");
             tracing::warn!(
                 volume = %v.name,
                 op = %op,

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::exposition::probe::ProbeMetrics;
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::runner::{self, Stop};
 use crate::probe::settings::VolumeSpec;
@@ -21,7 +20,6 @@ pub struct VolumeSet {
     volumes: RwLock<Vec<Arc<VolumeState>>>,
     window: Duration,
     roots: Roots,
-    metrics: ProbeMetrics,
     stop: Arc<Stop>,
     /// Per volume: its own stop signal (a reload removes one volume) and
     /// its thread, to wait for it.
@@ -32,12 +30,11 @@ pub struct VolumeSet {
 type ProbeThread = (Arc<Stop>, JoinHandle<()>);
 
 impl VolumeSet {
-    pub fn new(window: Duration, metrics: ProbeMetrics, roots: Roots) -> Arc<VolumeSet> {
+    pub fn new(window: Duration, roots: Roots) -> Arc<VolumeSet> {
         Arc::new(VolumeSet {
             volumes: RwLock::new(Vec::new()),
             window,
             roots,
-            metrics,
             stop: Stop::new(),
             threads: Mutex::new(HashMap::new()),
         })
@@ -46,10 +43,6 @@ impl VolumeSet {
     /// Current volumes, in the order they were added.
     pub fn list(&self) -> Vec<Arc<VolumeState>> {
         self.volumes.read().map(|v| v.clone()).unwrap_or_default()
-    }
-
-    pub fn metrics(&self) -> &ProbeMetrics {
-        &self.metrics
     }
 
     /// The volume already probing the filesystem `dev` (st_dev), if any.
@@ -71,7 +64,6 @@ impl VolumeSet {
         }
         let fs = fsinfo::lookup(&cfg.path, &self.roots);
         let state = Arc::new(VolumeState::new(&cfg, self.window, fs.clone()));
-        self.metrics.init_volume(&state);
         tracing::info!(
             volume = %cfg.name,
             path = %cfg.path.display(),
@@ -99,7 +91,7 @@ impl VolumeSet {
         }
         let name = cfg.name.clone();
         let stop = Stop::new();
-        let handle = match runner::spawn(cfg, state.clone(), self.metrics.clone(), stop.clone()) {
+        let handle = match runner::spawn(cfg, state.clone(), stop.clone()) {
             Ok(h) => h,
             Err(e) => {
                 if let Ok(mut v) = self.volumes.write() {
@@ -133,13 +125,12 @@ impl VolumeSet {
         if let Ok(mut v) = self.volumes.write() {
             v.retain(|v| v.name != name);
         }
-        self.metrics.remove_volume(name);
         true
     }
 
     /// Counts probes stuck past their timeout (the watchdog's tick).
     pub fn check_timeouts(&self, now: Instant) {
-        runner::check_timeouts(&self.list(), &self.metrics, now);
+        runner::check_timeouts(&self.list(), now);
     }
 
     /// Stops every probe thread, waits at most `timeout` for them, then

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::model::window::Window;
+use crate::probe::counts::ProbeCounts;
 use crate::probe::files::ProbeDir;
 use crate::probe::fsinfo::FsInfo;
 use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeSpec};
@@ -40,6 +41,8 @@ pub struct VolumeState {
     pub provisioned: Vec<(&'static str, u64)>,
     /// Configured cgroup path whose limits apply to this volume.
     pub cgroup: Option<String>,
+    /// Cumulative histogram and error counts.
+    pub counts: ProbeCounts,
     fs: Mutex<FsInfo>,
     engine: Mutex<Option<EngineKind>>,
     windows: Mutex<Windows>,
@@ -112,6 +115,7 @@ impl VolumeState {
             busy_every: cfg.probe.busy_every,
             provisioned: cfg.provisioned.clone(),
             cgroup: cfg.cgroup.clone(),
+            counts: ProbeCounts::new(cfg.probe.commit_probe, cfg.probe.read_probe),
             fs: Mutex::new(fs),
             engine: Mutex::new(None),
             windows: Mutex::new(Windows {

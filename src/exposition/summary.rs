@@ -1,0 +1,86 @@
+//! The window quantiles as a Prometheus summary, the one family written by
+//! hand: prometheus-client has no summary type, and a gauge with a
+//! `quantile` label is rejected by `promtool check metrics`; precomputed
+//! quantiles over a window are exactly what the summary type means. The
+//! lines use the syntax common to the Prometheus text format and
+//! OpenMetrics, and label values are escaped as both require.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use crate::probe::state::{Snapshot, VolumeState};
+use crate::types::{Op, Phase, series};
+
+const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
+
+/// Escapes a label value (backslash, double quote, newline).
+pub fn escape(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn summary_header(out: &mut String, name: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} summary");
+}
+
+/// Appends `pgstorage_probe_window_seconds` for every volume.
+pub fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)]) {
+    summary_header(
+        out,
+        "pgstorage_probe_window_seconds",
+        "Exact quantiles of probe latency over the sliding window (config key window, default \
+         15m), in seconds; quantile=1 is the maximum. Computed from samples in memory at scrape \
+         time; quantiles are absent while the window holds no sample. _sum and _count are \
+         cumulative since start, as for any summary. phase=busy: the second half of each burst \
+         of back-to-back probes; phase=after_idle: the lone probe of each interval.",
+    );
+    for (v, s) in volumes {
+        let vol = escape(&v.name);
+        for op in Op::ALL {
+            for phase in Phase::ALL {
+                let i = series(op, phase);
+                if s.count[i] == 0 {
+                    continue;
+                }
+                if let Some(qs) = &s.quantiles[i] {
+                    for (label, value) in QUANTILE_LABELS.iter().zip(qs) {
+                        let _ = writeln!(
+                            out,
+                            "pgstorage_probe_window_seconds{{volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\",quantile=\"{label}\"}} {value}"
+                        );
+                    }
+                }
+                let _ = writeln!(
+                    out,
+                    "pgstorage_probe_window_seconds_sum{{volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\"}} {}",
+                    s.sum[i]
+                );
+                let _ = writeln!(
+                    out,
+                    "pgstorage_probe_window_seconds_count{{volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\"}} {}",
+                    s.count[i]
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_label_values() {
+        assert_eq!(escape(r#"/srv/a"b\c"#), r#"/srv/a\"b\\c"#);
+        assert_eq!(escape("x\ny"), "x\\ny");
+    }
+}

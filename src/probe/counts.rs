@@ -1,0 +1,181 @@
+//! A volume's cumulative probe counts: the latency histogram per (op,
+//! phase), errors by cause, and reads served by a cache. Plain data owned by
+//! the volume's state, written by its probe thread (and the watchdog),
+//! encoded at scrape time. When a reload removes the volume its counts go
+//! with it, so its series disappear instead of freezing at their last value.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::model::buckets::probe_buckets;
+use crate::types::{Op, Phase, SERIES, series};
+
+/// One latency histogram: counts per bucket (not cumulative; the last
+/// bucket is +Inf), total count and sum.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistogramSnapshot {
+    pub sum: f64,
+    pub count: u64,
+    /// (upper bound, count in this bucket alone), +Inf last.
+    pub buckets: Vec<(f64, u64)>,
+}
+
+#[derive(Debug)]
+struct Hist {
+    counts: Vec<u64>,
+    count: u64,
+    sum: f64,
+}
+
+/// Cumulative counts of one volume.
+#[derive(Debug)]
+pub struct ProbeCounts {
+    bounds: Vec<f64>,
+    // One lock for all histograms: the probe thread takes it a few times a
+    // second and a scrape once; contention is not a cost worth atomics.
+    hists: Mutex<Vec<Hist>>,
+    /// (op label, error label) → count. Ops are "commit", "read", "setup",
+    /// "sweep"; errors an errno name or a cause label.
+    errors: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+    cache_served: AtomicU64,
+    read_probe: bool,
+    /// Whether the latest commit or read probe succeeded, and its latency.
+    last: Mutex<(bool, Option<f64>)>,
+}
+
+impl ProbeCounts {
+    /// Counts for a volume running the given probes. The `timeout` error
+    /// series of each probed op exist from the start (at 0), so `rate()` and
+    /// alerts see the first increment.
+    pub fn new(commit_probe: bool, read_probe: bool) -> ProbeCounts {
+        let bounds = probe_buckets();
+        let hists = (0..SERIES)
+            .map(|_| Hist {
+                counts: vec![0; bounds.len() + 1],
+                count: 0,
+                sum: 0.0,
+            })
+            .collect();
+        let mut errors = BTreeMap::new();
+        if commit_probe {
+            errors.insert((Op::Commit.as_str(), "timeout"), 0);
+        }
+        if read_probe {
+            errors.insert((Op::Read.as_str(), "timeout"), 0);
+        }
+        ProbeCounts {
+            bounds,
+            hists: Mutex::new(hists),
+            errors: Mutex::new(errors),
+            cache_served: AtomicU64::new(0),
+            read_probe,
+            last: Mutex::new((true, None)),
+        }
+    }
+
+    pub fn observe(&self, op: Op, phase: Phase, seconds: f64) {
+        // Prometheus buckets are "less than or equal": the first bound
+        // not below the value.
+        let i = self.bounds.partition_point(|b| *b < seconds);
+        if let Ok(mut h) = self.hists.lock() {
+            let h = &mut h[series(op, phase)];
+            h.counts[i] += 1;
+            h.count += 1;
+            h.sum += seconds;
+        }
+        if matches!(op, Op::Commit | Op::Read)
+            && let Ok(mut l) = self.last.lock()
+        {
+            *l = (true, Some(seconds));
+        }
+    }
+
+    pub fn error(&self, op: &'static str, error: &'static str) {
+        if let Ok(mut e) = self.errors.lock() {
+            *e.entry((op, error)).or_insert(0) += 1;
+        }
+        if let Ok(mut l) = self.last.lock() {
+            l.0 = false;
+        }
+    }
+
+    /// (latest probe succeeded, its latency): the probe thread's collector
+    /// health. True before the first probe: nothing has failed yet.
+    pub fn last_run(&self) -> (bool, Option<f64>) {
+        self.last.lock().map(|l| *l).unwrap_or((false, None))
+    }
+
+    pub fn cache_served(&self) {
+        self.cache_served.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The histogram of (op, phase), absent until its first observation.
+    pub fn histogram(&self, op: Op, phase: Phase) -> Option<HistogramSnapshot> {
+        let h = self.hists.lock().ok()?;
+        let h = &h[series(op, phase)];
+        (h.count > 0).then(|| HistogramSnapshot {
+            sum: h.sum,
+            count: h.count,
+            buckets: self
+                .bounds
+                .iter()
+                .copied()
+                .chain([f64::INFINITY])
+                .zip(h.counts.iter().copied())
+                .collect(),
+        })
+    }
+
+    /// Errors so far: ((op, error), count), in a stable order.
+    pub fn errors(&self) -> Vec<((&'static str, &'static str), u64)> {
+        self.errors
+            .lock()
+            .map(|e| e.iter().map(|(k, v)| (*k, *v)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Reads served by a cache, for a volume with a read probe.
+    pub fn cache_served_reads(&self) -> Option<u64> {
+        self.read_probe
+            .then(|| self.cache_served.load(Ordering::Relaxed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_less_or_equal_and_counts_add_up() {
+        let c = ProbeCounts::new(true, false);
+        assert!(c.histogram(Op::Commit, Phase::Busy).is_none());
+        c.observe(Op::Commit, Phase::Busy, 1e-5);
+        c.observe(Op::Commit, Phase::Busy, 2e-4);
+        c.observe(Op::Commit, Phase::Busy, 100.0);
+        let h = c.histogram(Op::Commit, Phase::Busy).unwrap();
+        assert_eq!(h.count, 3);
+        assert!((h.sum - 100.00021).abs() < 1e-9);
+        // 1e-5 is the first bound and lands in it.
+        assert_eq!(h.buckets[0], (1e-5, 1));
+        assert_eq!(h.buckets.last(), Some(&(f64::INFINITY, 1)));
+        assert_eq!(h.buckets.iter().map(|b| b.1).sum::<u64>(), 3);
+        assert!(c.histogram(Op::Commit, Phase::AfterIdle).is_none());
+    }
+
+    #[test]
+    fn timeout_series_exist_from_the_start_for_probed_ops() {
+        let c = ProbeCounts::new(true, false);
+        assert_eq!(c.errors(), vec![(("commit", "timeout"), 0)]);
+        c.error("commit", "EIO");
+        c.error("commit", "EIO");
+        assert_eq!(
+            c.errors(),
+            vec![(("commit", "EIO"), 2), (("commit", "timeout"), 0)]
+        );
+        assert_eq!(c.cache_served_reads(), None);
+        let r = ProbeCounts::new(false, true);
+        r.cache_served();
+        assert_eq!(r.cache_served_reads(), Some(1));
+    }
+}

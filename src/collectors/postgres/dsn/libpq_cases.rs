@@ -1,6 +1,6 @@
-//! The DSN parser against libpq, case by case: every URI in libpq's own URI
-//! test list (src/interfaces/libpq/t/001_uri.pl in the PostgreSQL source),
-//! the examples of the libpq documentation's "Connection Strings" and
+//! The DSN parser against libpq, case by case: every URI of libpq's own URI
+//! regression test (in PostgreSQL's source, with its expected output), the
+//! examples of the libpq documentation's "Connection Strings" and
 //! "Parameter Key Words" sections, and the cases a review found the parser
 //! getting wrong. Each case states what libpq's parser stores (or that it
 //! refuses the string) and what a connection would then use; the few
@@ -12,7 +12,7 @@ use super::*;
 /// Where a case comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Source {
-    /// libpq's URI test list, 001_uri.pl.
+    /// libpq's own URI regression test.
     UriTests,
     /// The libpq documentation's examples and rules.
     Docs,
@@ -80,7 +80,7 @@ fn cases() -> Vec<Case> {
     use Want::*;
     let u = UriTests;
     let mut v = vec![
-        // 001_uri.pl, in its order.
+        // libpq's URI regression test, in its order.
         case(
             u,
             "postgresql://uri-user:secret@host:12345/db",
@@ -449,7 +449,7 @@ fn cases() -> Vec<Case> {
             Connect(&[("/var/lib/postgresql", 5432)], &[Db("dbname")]),
         ),
     ];
-    // The last three of 001_uri.pl run with PGSSLROOTCERT=system, which makes
+    // The last three of libpq's URI tests run with PGSSLROOTCERT=system, which makes
     // verify-full libpq's default sslmode (so its test program, printing
     // only values that differ from the defaults, leaves sslmode=verify-full
     // out) and the only sslmode libpq then connects with.
@@ -1000,7 +1000,7 @@ fn every_case_agrees_with_libpq_or_is_a_listed_exception() {
     let from = |f: Source| cases.iter().filter(|c| c.from == f).count();
     let agree = cases.len() - exceptions.len();
     println!(
-        "{} cases ({} from 001_uri.pl, {} from the libpq docs, {} from review): \
+        "{} cases ({} from libpq's URI tests, {} from the libpq docs, {} from review): \
          {agree}/{} agree with libpq, {} deliberate exceptions: {exceptions:?}",
         cases.len(),
         from(Source::UriTests),
@@ -1011,5 +1011,9 @@ fn every_case_agrees_with_libpq_or_is_a_listed_exception() {
     );
     // A new exception is a decision: list it in the README's DSN section.
     assert_eq!(exceptions.len(), 8, "{exceptions:?}");
-    assert_eq!(from(Source::UriTests), 60, "every case of 001_uri.pl");
+    assert_eq!(
+        from(Source::UriTests),
+        60,
+        "every case of libpq's URI tests"
+    );
 }

@@ -283,6 +283,62 @@ fn wrong_password_is_a_clear_error_without_the_password() {
     assert!(!m.contains(wrong), "password leaked into metrics");
 }
 
+/// A multi-host DSN whose first host is dead: as libpq does, the hosts are
+/// tried in turn, each on its own port, so the exporter reaches the second
+/// one (and before this, the first port served both hosts: never up).
+#[test]
+fn multi_host_dsn_skips_a_dead_first_host() {
+    let Some(pg) = PgServer::start(PgKind::V15, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    // A port nothing listens on once the listener is dropped: connecting to
+    // it is refused at once.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dsn = format!(
+        "host=127.0.0.1,127.0.0.1 port={dead},{} user=mon password={MON_PASSWORD} \
+         dbname=postgres sslmode=disable connect_timeout=3",
+        pg.port()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        &format!("c={dsn}"),
+        "--pg.scrape-interval",
+        "500ms",
+        "--no-pg.discover-volumes",
+        "--probe.path",
+        &format!("t={}", dir.path().display()),
+        "--probe.free-space-reserve",
+        "0",
+    ]);
+    let m = ex.wait_for(
+        "pg_up 1 through the second host",
+        Duration::from_secs(30),
+        |m| pg_up(m) == Some(1.0),
+    );
+    // The dead host is skipped within one connection attempt, which is not
+    // a failed one.
+    let failed: Vec<&str> = m
+        .lines()
+        .filter(|l| {
+            l.starts_with("pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\"")
+        })
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let log = ex.log();
+    assert!(
+        !log.contains("cannot connect to PostgreSQL"),
+        "no failed attempt is logged:\n{log}"
+    );
+    assert!(!log.contains(MON_PASSWORD) && !m.contains(MON_PASSWORD));
+}
+
 #[test]
 fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
     if !loopdev::can_run("the discovery test", false) {

@@ -228,18 +228,17 @@ pub fn statement_deadline(statement_timeout: Duration) -> Duration {
 }
 
 /// How long a whole connection attempt (TCP, TLS, authentication, start-up)
-/// may take: the DSN's connect_timeout (10 s unless set, at least 2 s) per
-/// host, as libpq applies it. tokio-postgres itself applies connect_timeout
-/// only to the socket connect, so a server whose postmaster accepts TCP
-/// connections but never answers the start-up packet (stopped, frozen)
-/// would otherwise hold the attempt forever.
-pub fn connect_deadline(config: &tokio_postgres::Config) -> Duration {
-    let per_host = config
-        .get_connect_timeout()
-        .copied()
-        .unwrap_or(Duration::from_secs(10));
+/// may take: the target's connect_timeout per host, as libpq applies it
+/// (the DSN module sets 10 s when the DSN gives none). tokio-postgres itself
+/// applies connect_timeout only to the socket connect, so a server whose
+/// postmaster accepts TCP connections but never answers the start-up packet
+/// (stopped, frozen) would otherwise hold the attempt forever. None (no
+/// deadline) when there is no connect_timeout: libpq waits indefinitely
+/// for `connect_timeout=0` or a negative one.
+pub fn connect_deadline(config: &tokio_postgres::Config) -> Option<Duration> {
+    let per_host = *config.get_connect_timeout()?;
     let hosts = u32::try_from(config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
-    per_host.saturating_mul(hosts)
+    Some(per_host.saturating_mul(hosts))
 }
 
 /// Runs the collector of one cluster until the process ends.
@@ -256,10 +255,13 @@ pub async fn run(
     let connect_within = connect_deadline(&target.config);
     let deadline = statement_deadline(cfg.statement_timeout);
     loop {
-        let attempt = match tokio::time::timeout(connect_within, tls::connect(&target)).await {
-            Ok(Ok(c)) => Ok(c),
-            Ok(Err(e)) => Err(ConnectFailure::Failed(e)),
-            Err(_) => Err(ConnectFailure::NoAnswer(connect_within)),
+        let attempt = match connect_within {
+            Some(within) => match tokio::time::timeout(within, tls::connect(&target)).await {
+                Ok(Ok(c)) => Ok(c),
+                Ok(Err(e)) => Err(ConnectFailure::Failed(e)),
+                Err(_) => Err(ConnectFailure::NoAnswer(within)),
+            },
+            None => tls::connect(&target).await.map_err(ConnectFailure::Failed),
         };
         // A connection counts once its session is set up: a set-up that
         // fails is a failed connection attempt, logged once and retried
@@ -645,11 +647,11 @@ mod tests {
         );
         let mut c = tokio_postgres::Config::new();
         c.host("db1");
-        assert_eq!(connect_deadline(&c), Duration::from_secs(10), "default");
+        assert_eq!(connect_deadline(&c), None, "connect_timeout=0: wait");
         c.connect_timeout(Duration::from_secs(3));
-        assert_eq!(connect_deadline(&c), Duration::from_secs(3));
+        assert_eq!(connect_deadline(&c), Some(Duration::from_secs(3)));
         // tokio-postgres tries the hosts in turn, each with connect_timeout.
         c.host("db2");
-        assert_eq!(connect_deadline(&c), Duration::from_secs(6));
+        assert_eq!(connect_deadline(&c), Some(Duration::from_secs(6)));
     }
 }

@@ -241,7 +241,7 @@ impl Drop for Connection {
 pub async fn connect(t: &Target) -> Result<Connection, ConnectError> {
     // Like libpq, TLS is never used over a Unix-domain socket: the kernel
     // already keeps that traffic on this host.
-    if t.ssl_mode == SslMode::Disable || t.host.starts_with('/') {
+    if t.ssl_mode == SslMode::Disable || t.sockets_only() {
         let (client, conn) = t.config.connect(tokio_postgres::NoTls).await?;
         let task = tokio::spawn(async move {
             let _ = conn.await;

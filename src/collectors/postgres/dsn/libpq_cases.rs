@@ -1,0 +1,1019 @@
+//! The DSN parser against libpq, case by case: every URI of libpq's own URI
+//! regression test (in PostgreSQL's source, with its expected output), the
+//! examples of the libpq documentation's "Connection Strings" and
+//! "Parameter Key Words" sections, and the cases a review found the parser
+//! getting wrong. Each case states what libpq's parser stores (or that it
+//! refuses the string) and what a connection would then use; the few
+//! deliberate differences are listed as such and must be refused with an
+//! error naming the keyword.
+
+use super::*;
+
+/// Where a case comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// libpq's own URI regression test.
+    UriTests,
+    /// The libpq documentation's examples and rules.
+    Docs,
+    /// Found in review: multi-host ports, empty values, malformed URIs.
+    Review,
+}
+
+/// What a connection uses, beyond the hosts.
+#[derive(Debug, Clone, Copy)]
+enum Check {
+    User(&'static str),
+    Db(&'static str),
+    /// Whether a password is sent.
+    Password(bool),
+    Options(&'static str),
+    App(&'static str),
+    /// The per-host connect timeout in seconds; None waits indefinitely.
+    Timeout(Option<u64>),
+    Ssl(SslMode),
+}
+
+#[derive(Debug)]
+enum Want {
+    /// Connects to these hosts and ports, in this order ("" is the default
+    /// socket directory), with these settings.
+    Connect(&'static [(&'static str, u16)], &'static [Check]),
+    /// libpq refuses it too (when parsing, or before connecting); the
+    /// exporter's error contains this.
+    Error(&'static str),
+    /// A deliberate difference: libpq would go on, the exporter refuses it
+    /// with an error containing this (the keyword or URL part).
+    Refused(&'static str),
+}
+
+#[derive(Debug)]
+struct Case {
+    from: Source,
+    dsn: &'static str,
+    env: &'static [(&'static str, &'static str)],
+    /// What libpq's parser stores; None when libpq refuses the string.
+    parsed: Option<&'static [(&'static str, &'static str)]>,
+    want: Want,
+}
+
+const SYSTEM_ROOTS: &[(&str, &str)] = &[("PGSSLROOTCERT", "system")];
+
+fn case(
+    from: Source,
+    dsn: &'static str,
+    parsed: Option<&'static [(&'static str, &'static str)]>,
+    want: Want,
+) -> Case {
+    Case {
+        from,
+        dsn,
+        env: &[],
+        parsed,
+        want,
+    }
+}
+
+fn cases() -> Vec<Case> {
+    use Check::*;
+    use Source::*;
+    use Want::*;
+    let u = UriTests;
+    let mut v = vec![
+        // libpq's URI regression test, in its order.
+        case(
+            u,
+            "postgresql://uri-user:secret@host:12345/db",
+            Some(&[
+                ("user", "uri-user"),
+                ("password", "secret"),
+                ("dbname", "db"),
+                ("host", "host"),
+                ("port", "12345"),
+            ]),
+            Connect(
+                &[("host", 12345)],
+                &[User("uri-user"), Db("db"), Password(true)],
+            ),
+        ),
+        case(
+            u,
+            "postgresql://uri-user@host:12345/db",
+            Some(&[
+                ("user", "uri-user"),
+                ("dbname", "db"),
+                ("host", "host"),
+                ("port", "12345"),
+            ]),
+            Connect(
+                &[("host", 12345)],
+                &[User("uri-user"), Db("db"), Password(false)],
+            ),
+        ),
+        case(
+            u,
+            "postgresql://uri-user@host/db",
+            Some(&[("user", "uri-user"), ("dbname", "db"), ("host", "host")]),
+            Connect(&[("host", 5432)], &[User("uri-user"), Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://host:12345/db",
+            Some(&[("dbname", "db"), ("host", "host"), ("port", "12345")]),
+            Connect(&[("host", 12345)], &[Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://host/db",
+            Some(&[("dbname", "db"), ("host", "host")]),
+            Connect(&[("host", 5432)], &[Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://uri-user@host:12345/",
+            Some(&[("user", "uri-user"), ("host", "host"), ("port", "12345")]),
+            Connect(&[("host", 12345)], &[User("uri-user"), Db("uri-user")]),
+        ),
+        case(
+            u,
+            "postgresql://uri-user@host/",
+            Some(&[("user", "uri-user"), ("host", "host")]),
+            Connect(&[("host", 5432)], &[User("uri-user")]),
+        ),
+        case(
+            u,
+            "postgresql://uri-user@",
+            Some(&[("user", "uri-user")]),
+            Connect(&[("", 5432)], &[User("uri-user")]),
+        ),
+        case(
+            u,
+            "postgresql://host:12345/",
+            Some(&[("host", "host"), ("port", "12345")]),
+            Connect(&[("host", 12345)], &[]),
+        ),
+        case(
+            u,
+            "postgresql://host:12345",
+            Some(&[("host", "host"), ("port", "12345")]),
+            Connect(&[("host", 12345)], &[]),
+        ),
+        case(
+            u,
+            "postgresql://host/db",
+            Some(&[("dbname", "db"), ("host", "host")]),
+            Connect(&[("host", 5432)], &[Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://host/",
+            Some(&[("host", "host")]),
+            Connect(&[("host", 5432)], &[]),
+        ),
+        case(
+            u,
+            "postgresql://host",
+            Some(&[("host", "host")]),
+            Connect(&[("host", 5432)], &[]),
+        ),
+        case(u, "postgresql://", Some(&[]), Connect(&[("", 5432)], &[])),
+        case(
+            u,
+            "postgresql://?hostaddr=127.0.0.1",
+            Some(&[("hostaddr", "127.0.0.1")]),
+            Refused("\"hostaddr\""),
+        ),
+        case(
+            u,
+            "postgresql://example.com?hostaddr=63.1.2.4",
+            Some(&[("host", "example.com"), ("hostaddr", "63.1.2.4")]),
+            Refused("\"hostaddr\""),
+        ),
+        case(
+            u,
+            "postgresql://%68ost/",
+            Some(&[("host", "host")]),
+            Connect(&[("host", 5432)], &[]),
+        ),
+        case(
+            u,
+            "postgresql://host/db?user=uri-user",
+            Some(&[("user", "uri-user"), ("dbname", "db"), ("host", "host")]),
+            Connect(&[("host", 5432)], &[User("uri-user"), Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://host/db?user=uri-user&port=12345",
+            Some(&[
+                ("user", "uri-user"),
+                ("dbname", "db"),
+                ("host", "host"),
+                ("port", "12345"),
+            ]),
+            Connect(&[("host", 12345)], &[User("uri-user"), Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://host/db?u%73er=someotheruser&port=12345",
+            Some(&[
+                ("user", "someotheruser"),
+                ("dbname", "db"),
+                ("host", "host"),
+                ("port", "12345"),
+            ]),
+            Connect(&[("host", 12345)], &[User("someotheruser")]),
+        ),
+        case(
+            u,
+            "postgresql://host/db?u%7aer=someotheruser&port=12345",
+            None,
+            Error("unknown connection option \"uzer\""),
+        ),
+        case(
+            u,
+            "postgresql://host:12345?user=uri-user",
+            Some(&[("user", "uri-user"), ("host", "host"), ("port", "12345")]),
+            Connect(&[("host", 12345)], &[User("uri-user")]),
+        ),
+        case(
+            u,
+            "postgresql://host?user=uri-user",
+            Some(&[("user", "uri-user"), ("host", "host")]),
+            Connect(&[("host", 5432)], &[User("uri-user")]),
+        ),
+        case(
+            u,
+            "postgresql://host?",
+            Some(&[("host", "host")]),
+            Connect(&[("host", 5432)], &[]),
+        ),
+        case(
+            u,
+            "postgresql://[::1]:12345/db",
+            Some(&[("dbname", "db"), ("host", "::1"), ("port", "12345")]),
+            Connect(&[("::1", 12345)], &[Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://[::1]/db",
+            Some(&[("dbname", "db"), ("host", "::1")]),
+            Connect(&[("::1", 5432)], &[Db("db")]),
+        ),
+        case(
+            u,
+            "postgresql://[2001:db8::1234]/",
+            Some(&[("host", "2001:db8::1234")]),
+            Connect(&[("2001:db8::1234", 5432)], &[]),
+        ),
+        // libpq does not check what is between the brackets; the name
+        // lookup fails later.
+        case(
+            u,
+            "postgresql://[200z:db8::1234]/",
+            Some(&[("host", "200z:db8::1234")]),
+            Connect(&[("200z:db8::1234", 5432)], &[]),
+        ),
+        case(
+            u,
+            "postgresql://[::1]",
+            Some(&[("host", "::1")]),
+            Connect(&[("::1", 5432)], &[]),
+        ),
+        case(u, "postgres://", Some(&[]), Connect(&[("", 5432)], &[])),
+        case(u, "postgres:///", Some(&[]), Connect(&[("", 5432)], &[])),
+        case(
+            u,
+            "postgres:///db",
+            Some(&[("dbname", "db")]),
+            Connect(&[("", 5432)], &[Db("db")]),
+        ),
+        case(
+            u,
+            "postgres://uri-user@/db",
+            Some(&[("user", "uri-user"), ("dbname", "db")]),
+            Connect(&[("", 5432)], &[User("uri-user"), Db("db")]),
+        ),
+        case(
+            u,
+            "postgres://?host=/path/to/socket/dir",
+            Some(&[("host", "/path/to/socket/dir")]),
+            Connect(&[("/path/to/socket/dir", 5432)], &[]),
+        ),
+        case(
+            u,
+            "postgresql://host?uzer=",
+            None,
+            Error("unknown connection option \"uzer\""),
+        ),
+        case(
+            u,
+            "postgre://",
+            None,
+            Error("missing \"=\" after \"postgre://\""),
+        ),
+        case(
+            u,
+            "postgres://[::1",
+            None,
+            Error("end of string reached when looking for matching \"]\""),
+        ),
+        case(
+            u,
+            "postgres://[]",
+            None,
+            Error("IPv6 host address may not be empty"),
+        ),
+        case(
+            u,
+            "postgres://[::1]z",
+            None,
+            Error("unexpected character \"z\" at position 17 in URL (expected \":\" or \"/\")"),
+        ),
+        case(
+            u,
+            "postgresql://host?zzz",
+            None,
+            Error("missing key/value separator \"=\" in URL query parameter \"zzz\""),
+        ),
+        case(
+            u,
+            "postgresql://host?value1&value2",
+            None,
+            Error("missing key/value separator \"=\" in URL query parameter \"value1\""),
+        ),
+        case(
+            u,
+            "postgresql://host?key=key=value",
+            None,
+            Error("extra key/value separator \"=\" in URL query parameter \"key\""),
+        ),
+        case(
+            u,
+            "postgres://host?dbname=%XXfoo",
+            None,
+            Error("invalid percent-encoded token"),
+        ),
+        case(u, "postgresql://a%00b", None, Error("forbidden value %00")),
+        case(
+            u,
+            "postgresql://%zz",
+            None,
+            Error("invalid percent-encoded token"),
+        ),
+        case(
+            u,
+            "postgresql://%1",
+            None,
+            Error("invalid percent-encoded token"),
+        ),
+        case(
+            u,
+            "postgresql://%",
+            None,
+            Error("invalid percent-encoded token"),
+        ),
+        case(
+            u,
+            "postgres://@host",
+            Some(&[("host", "host")]),
+            Connect(&[("host", 5432)], &[]),
+        ),
+        case(
+            u,
+            "postgres://host:/",
+            Some(&[("host", "host")]),
+            Connect(&[("host", 5432)], &[]),
+        ),
+        case(
+            u,
+            "postgres://:12345/",
+            Some(&[("port", "12345")]),
+            Connect(&[("", 12345)], &[]),
+        ),
+        case(
+            u,
+            "postgres://otheruser@?host=/no/such/directory",
+            Some(&[("user", "otheruser"), ("host", "/no/such/directory")]),
+            Connect(&[("/no/such/directory", 5432)], &[User("otheruser")]),
+        ),
+        case(
+            u,
+            "postgres://otheruser@/?host=/no/such/directory",
+            Some(&[("user", "otheruser"), ("host", "/no/such/directory")]),
+            Connect(&[("/no/such/directory", 5432)], &[User("otheruser")]),
+        ),
+        case(
+            u,
+            "postgres://otheruser@:12345?host=/no/such/socket/path",
+            Some(&[
+                ("user", "otheruser"),
+                ("host", "/no/such/socket/path"),
+                ("port", "12345"),
+            ]),
+            Connect(&[("/no/such/socket/path", 12345)], &[User("otheruser")]),
+        ),
+        case(
+            u,
+            "postgres://otheruser@:12345/db?host=/path/to/socket",
+            Some(&[
+                ("user", "otheruser"),
+                ("dbname", "db"),
+                ("host", "/path/to/socket"),
+                ("port", "12345"),
+            ]),
+            Connect(
+                &[("/path/to/socket", 12345)],
+                &[User("otheruser"), Db("db")],
+            ),
+        ),
+        case(
+            u,
+            "postgres://:12345/db?host=/path/to/socket",
+            Some(&[
+                ("dbname", "db"),
+                ("host", "/path/to/socket"),
+                ("port", "12345"),
+            ]),
+            Connect(&[("/path/to/socket", 12345)], &[Db("db")]),
+        ),
+        case(
+            u,
+            "postgres://:12345?host=/path/to/socket",
+            Some(&[("host", "/path/to/socket"), ("port", "12345")]),
+            Connect(&[("/path/to/socket", 12345)], &[]),
+        ),
+        case(
+            u,
+            "postgres://%2Fvar%2Flib%2Fpostgresql/dbname",
+            Some(&[("dbname", "dbname"), ("host", "/var/lib/postgresql")]),
+            Connect(&[("/var/lib/postgresql", 5432)], &[Db("dbname")]),
+        ),
+    ];
+    // The last three of libpq's URI tests run with PGSSLROOTCERT=system, which makes
+    // verify-full libpq's default sslmode (so its test program, printing
+    // only values that differ from the defaults, leaves sslmode=verify-full
+    // out) and the only sslmode libpq then connects with.
+    for (dsn, parsed, want) in [
+        (
+            "postgresql://host?sslmode=disable",
+            &[("host", "host"), ("sslmode", "disable")][..],
+            Error("weak sslmode may not be used with sslrootcert=system"),
+        ),
+        (
+            "postgresql://host?sslmode=prefer",
+            &[("host", "host"), ("sslmode", "prefer")][..],
+            Error("weak sslmode may not be used with sslrootcert=system"),
+        ),
+        (
+            "postgresql://host?sslmode=verify-full",
+            &[("host", "host"), ("sslmode", "verify-full")][..],
+            Connect(&[("host", 5432)], &[Ssl(SslMode::VerifyFull)]),
+        ),
+    ] {
+        v.push(Case {
+            from: u,
+            dsn,
+            env: SYSTEM_ROOTS,
+            parsed: Some(parsed),
+            want,
+        });
+    }
+    v.push(Case {
+        from: Docs,
+        dsn: "postgresql://host",
+        env: SYSTEM_ROOTS,
+        parsed: Some(&[("host", "host")]),
+        want: Connect(&[("host", 5432)], &[Ssl(SslMode::VerifyFull)]),
+    });
+
+    let d = Docs;
+    v.extend([
+        // Keyword/value examples and rules.
+        case(
+            d,
+            "host=localhost port=5432 dbname=mydb connect_timeout=10",
+            Some(&[
+                ("host", "localhost"),
+                ("port", "5432"),
+                ("dbname", "mydb"),
+                ("connect_timeout", "10"),
+            ]),
+            Connect(&[("localhost", 5432)], &[Db("mydb"), Timeout(Some(10))]),
+        ),
+        case(
+            d,
+            "user = 'a value' host=h",
+            Some(&[("user", "a value"), ("host", "h")]),
+            Connect(&[("h", 5432)], &[User("a value")]),
+        ),
+        case(
+            d,
+            r"host=h user=u password='it\'s a \\ secret'",
+            Some(&[("host", "h"), ("user", "u"), ("password", r"it's a \ secret")]),
+            Connect(&[("h", 5432)], &[Password(true)]),
+        ),
+        case(
+            d,
+            "host=h user=u password=''",
+            Some(&[("host", "h"), ("user", "u"), ("password", "")]),
+            Connect(&[("h", 5432)], &[Password(false)]),
+        ),
+        // URI examples.
+        case(d, "postgresql://", Some(&[]), Connect(&[("", 5432)], &[])),
+        case(
+            d,
+            "postgresql://localhost",
+            Some(&[("host", "localhost")]),
+            Connect(&[("localhost", 5432)], &[]),
+        ),
+        case(
+            d,
+            "postgresql://localhost:5433",
+            Some(&[("host", "localhost"), ("port", "5433")]),
+            Connect(&[("localhost", 5433)], &[]),
+        ),
+        case(
+            d,
+            "postgresql://localhost/mydb",
+            Some(&[("host", "localhost"), ("dbname", "mydb")]),
+            Connect(&[("localhost", 5432)], &[Db("mydb")]),
+        ),
+        case(
+            d,
+            "postgresql://user@localhost",
+            Some(&[("host", "localhost"), ("user", "user")]),
+            Connect(&[("localhost", 5432)], &[User("user"), Db("user")]),
+        ),
+        case(
+            d,
+            "postgresql://user:secret@localhost",
+            Some(&[("host", "localhost"), ("user", "user"), ("password", "secret")]),
+            Connect(&[("localhost", 5432)], &[User("user"), Password(true)]),
+        ),
+        case(
+            d,
+            "postgresql://other@localhost/otherdb?connect_timeout=10&application_name=myapp",
+            Some(&[
+                ("host", "localhost"),
+                ("user", "other"),
+                ("dbname", "otherdb"),
+                ("connect_timeout", "10"),
+                ("application_name", "myapp"),
+            ]),
+            Connect(
+                &[("localhost", 5432)],
+                &[User("other"), Db("otherdb"), Timeout(Some(10)), App("myapp")],
+            ),
+        ),
+        case(
+            d,
+            "postgresql://host1:123,host2:456/somedb?target_session_attrs=any&application_name=myapp",
+            Some(&[
+                ("host", "host1,host2"),
+                ("port", "123,456"),
+                ("dbname", "somedb"),
+                ("target_session_attrs", "any"),
+                ("application_name", "myapp"),
+            ]),
+            Connect(&[("host1", 123), ("host2", 456)], &[Db("somedb"), App("myapp")]),
+        ),
+        case(
+            d,
+            "postgresql:///mydb?host=localhost&port=5433",
+            Some(&[("host", "localhost"), ("port", "5433"), ("dbname", "mydb")]),
+            Connect(&[("localhost", 5433)], &[Db("mydb")]),
+        ),
+        case(
+            d,
+            "postgresql://localhost/mydb?user=other&password=secret",
+            Some(&[
+                ("host", "localhost"),
+                ("dbname", "mydb"),
+                ("user", "other"),
+                ("password", "secret"),
+            ]),
+            Connect(&[("localhost", 5432)], &[User("other"), Password(true)]),
+        ),
+        case(
+            d,
+            "postgresql://h/db?ssl=true",
+            Some(&[("host", "h"), ("dbname", "db"), ("sslmode", "require")]),
+            Connect(&[("h", 5432)], &[Ssl(SslMode::Require)]),
+        ),
+        // Only ssl=true is translated; ssl is no keyword of its own.
+        case(
+            d,
+            "postgresql://h/db?ssl=false",
+            None,
+            Error("unknown connection option \"ssl\""),
+        ),
+        case(
+            d,
+            "postgresql://user@localhost:5433/mydb?options=-c%20synchronous_commit%3Doff",
+            Some(&[
+                ("host", "localhost"),
+                ("port", "5433"),
+                ("user", "user"),
+                ("dbname", "mydb"),
+                ("options", "-c synchronous_commit=off"),
+            ]),
+            Connect(&[("localhost", 5433)], &[Options("-c synchronous_commit=off")]),
+        ),
+        case(
+            d,
+            "postgresql://[2001:db8::1234]/database",
+            Some(&[("host", "2001:db8::1234"), ("dbname", "database")]),
+            Connect(&[("2001:db8::1234", 5432)], &[Db("database")]),
+        ),
+        case(
+            d,
+            "postgresql:///dbname?host=/var/lib/postgresql",
+            Some(&[("host", "/var/lib/postgresql"), ("dbname", "dbname")]),
+            Connect(&[("/var/lib/postgresql", 5432)], &[Db("dbname")]),
+        ),
+        case(
+            d,
+            "postgresql://%2Fvar%2Flib%2Fpostgresql/dbname",
+            Some(&[("host", "/var/lib/postgresql"), ("dbname", "dbname")]),
+            Connect(&[("/var/lib/postgresql", 5432)], &[Db("dbname")]),
+        ),
+        // host1:port1,host2:port2,host3:port3 is host=... port=... in the
+        // same order.
+        case(
+            d,
+            "postgresql://h1:5433,h2:5434,h3:5435/",
+            Some(&[("host", "h1,h2,h3"), ("port", "5433,5434,5435")]),
+            Connect(&[("h1", 5433), ("h2", 5434), ("h3", 5435)], &[]),
+        ),
+        case(
+            d,
+            "host=h1,h2,h3 port=5433,5434,5435",
+            Some(&[("host", "h1,h2,h3"), ("port", "5433,5434,5435")]),
+            Connect(&[("h1", 5433), ("h2", 5434), ("h3", 5435)], &[]),
+        ),
+        // One port applies to all the hosts.
+        case(
+            d,
+            "host=h1,h2 port=5433",
+            Some(&[("host", "h1,h2"), ("port", "5433")]),
+            Connect(&[("h1", 5433), ("h2", 5433)], &[]),
+        ),
+        // An empty port, or an empty item in the list, is the default port.
+        case(
+            d,
+            "host=h1,h2 port=,5433",
+            Some(&[("host", "h1,h2"), ("port", ",5433")]),
+            Connect(&[("h1", 5432), ("h2", 5433)], &[]),
+        ),
+        case(
+            d,
+            "postgresql://h1,h2:5433/db",
+            Some(&[("host", "h1,h2"), ("port", ",5433"), ("dbname", "db")]),
+            Connect(&[("h1", 5432), ("h2", 5433)], &[]),
+        ),
+        // An empty host is the default socket directory.
+        case(
+            d,
+            "host='' port=5433",
+            Some(&[("host", ""), ("port", "5433")]),
+            Connect(&[("", 5433)], &[]),
+        ),
+        case(
+            d,
+            "host=h1,,/run/x port=1,2,3",
+            Some(&[("host", "h1,,/run/x"), ("port", "1,2,3")]),
+            Connect(&[("h1", 1), ("", 2), ("/run/x", 3)], &[]),
+        ),
+        // connect_timeout: zero or negative waits indefinitely; libpq 18
+        // takes 1 as one second (earlier versions rounded it up to 2).
+        case(
+            d,
+            "host=h connect_timeout=0",
+            Some(&[("host", "h"), ("connect_timeout", "0")]),
+            Connect(&[("h", 5432)], &[Timeout(None)]),
+        ),
+        case(
+            d,
+            "host=h connect_timeout=-5",
+            Some(&[("host", "h"), ("connect_timeout", "-5")]),
+            Connect(&[("h", 5432)], &[Timeout(None)]),
+        ),
+        case(
+            d,
+            "host=h connect_timeout=1",
+            Some(&[("host", "h"), ("connect_timeout", "1")]),
+            Connect(&[("h", 5432)], &[Timeout(Some(1))]),
+        ),
+        case(
+            d,
+            "host=h",
+            Some(&[("host", "h")]),
+            Connect(&[("h", 5432)], &[Timeout(Some(10)), App("pg-storage-exporter")]),
+        ),
+        // Deliberate differences, refused by name.
+        case(
+            d,
+            "hostaddr=127.0.0.1 port=5432",
+            Some(&[("hostaddr", "127.0.0.1"), ("port", "5432")]),
+            Refused("\"hostaddr\""),
+        ),
+        case(
+            d,
+            "host=@pg port=5432",
+            Some(&[("host", "@pg"), ("port", "5432")]),
+            Refused("abstract Unix-domain sockets"),
+        ),
+        case(
+            d,
+            "host=h replication=database",
+            Some(&[("host", "h"), ("replication", "database")]),
+            Refused("\"replication\""),
+        ),
+        case(
+            d,
+            "service=mydb",
+            Some(&[("service", "mydb")]),
+            Refused("\"service\""),
+        ),
+        case(
+            d,
+            "host=h1,h2 target_session_attrs=primary",
+            Some(&[("host", "h1,h2"), ("target_session_attrs", "primary")]),
+            Refused("\"target_session_attrs\""),
+        ),
+        case(
+            d,
+            "host=h1,h2 target_session_attrs=read-write",
+            Some(&[("host", "h1,h2"), ("target_session_attrs", "read-write")]),
+            Connect(&[("h1", 5432), ("h2", 5432)], &[]),
+        ),
+    ]);
+
+    let r = Review;
+    v.extend([
+        case(
+            r,
+            "host=h1,h2 port=5432,5433",
+            Some(&[("host", "h1,h2"), ("port", "5432,5433")]),
+            Connect(&[("h1", 5432), ("h2", 5433)], &[]),
+        ),
+        case(
+            r,
+            "host=h1,h2,h3 port=1,2",
+            Some(&[("host", "h1,h2,h3"), ("port", "1,2")]),
+            Error("could not match 2 port numbers to 3 hosts"),
+        ),
+        case(
+            r,
+            "port=5432,5433",
+            Some(&[("port", "5432,5433")]),
+            Error("could not match 2 port numbers to 1 hosts"),
+        ),
+        case(
+            r,
+            "host=h port=",
+            Some(&[("host", "h"), ("port", "")]),
+            Connect(&[("h", 5432)], &[]),
+        ),
+        case(
+            r,
+            "host='' user='' dbname=''",
+            Some(&[("host", ""), ("user", ""), ("dbname", "")]),
+            Connect(&[("", 5432)], &[]),
+        ),
+        case(
+            r,
+            "postgresql://[::1]6543/db",
+            None,
+            Error("unexpected character \"6\" at position 19"),
+        ),
+        case(
+            r,
+            "postgresql://h:5432:6543/db",
+            Some(&[("host", "h"), ("port", "5432:6543"), ("dbname", "db")]),
+            Error("\"port\": invalid value \"5432:6543\": not an integer"),
+        ),
+        case(
+            r,
+            "host=h port=0",
+            Some(&[("host", "h"), ("port", "0")]),
+            Error("\"port\": invalid value \"0\": invalid port number"),
+        ),
+        case(
+            r,
+            "host=h port=65536",
+            Some(&[("host", "h"), ("port", "65536")]),
+            Error("invalid port number"),
+        ),
+        // libpq reads integers with strtol: spaces around are fine.
+        case(
+            r,
+            "host=h port=' 5433 '",
+            Some(&[("host", "h"), ("port", " 5433 ")]),
+            Connect(&[("h", 5433)], &[]),
+        ),
+        case(
+            r,
+            "host=h connect_timeout=''",
+            Some(&[("host", "h"), ("connect_timeout", "")]),
+            Error("\"connect_timeout\": invalid value \"\": not an integer"),
+        ),
+        // Only isspace() separates: a vertical tab does, a no-break space
+        // (U+00A0) is part of the value.
+        case(
+            r,
+            "host=h\x0buser=u",
+            Some(&[("host", "h"), ("user", "u")]),
+            Connect(&[("h", 5432)], &[User("u")]),
+        ),
+        case(
+            r,
+            "host=h\u{a0}user=u",
+            Some(&[("host", "h\u{a0}user=u")]),
+            Connect(&[("h\u{a0}user=u", 5432)], &[]),
+        ),
+        case(
+            r,
+            "user\u{3000}=u",
+            None,
+            Error("unknown connection option \"user\\u{3000}\""),
+        ),
+        // A URI must start the string.
+        case(
+            r,
+            " postgresql://h",
+            None,
+            Error("missing \"=\" after \"postgresql://h\""),
+        ),
+        case(
+            r,
+            "host=a host=b user='x'dbname=y",
+            Some(&[("host", "b"), ("user", "x"), ("dbname", "y")]),
+            Connect(&[("b", 5432)], &[User("x"), Db("y")]),
+        ),
+        // libpq looks for the user part's "@" up to the first "/" only.
+        case(
+            r,
+            "postgresql://h?user=a@b",
+            Some(&[("user", "h?user=a"), ("host", "b")]),
+            Connect(&[("b", 5432)], &[User("h?user=a")]),
+        ),
+        case(
+            r,
+            "postgresql://h/db?host=x&&port=2",
+            None,
+            Error("missing key/value separator \"=\" in URL query parameter \"\""),
+        ),
+        case(
+            r,
+            "postgresql://u:s3cr%zzet@h/db",
+            None,
+            Error("invalid percent-encoded token in the URL's password"),
+        ),
+        case(
+            r,
+            "postgresql://u:s3cr%00et@h/db",
+            None,
+            Error("forbidden value %00 in the URL's password"),
+        ),
+        case(
+            r,
+            "host=h keepalives=yes",
+            Some(&[("host", "h"), ("keepalives", "yes")]),
+            Error("\"keepalives\": invalid value \"yes\""),
+        ),
+        case(
+            r,
+            "host=h sslmode=",
+            Some(&[("host", "h"), ("sslmode", "")]),
+            Error("\"sslmode\": invalid value \"\""),
+        ),
+        // libpq keeps any bytes; the driver needs UTF-8 text.
+        case(
+            r,
+            "postgresql://h/%FF",
+            None,
+            Refused("the URL's database name is not UTF-8"),
+        ),
+    ]);
+    v
+}
+
+fn env_of(case: &Case) -> impl Fn(&str) -> Option<String> + '_ {
+    |k: &str| {
+        case.env
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| (*v).to_string())
+    }
+}
+
+/// Why a case disagrees, or None when it agrees.
+fn disagreement(case: &Case) -> Option<String> {
+    let env = env_of(case);
+    match (parse(case.dsn), case.parsed) {
+        (Ok(kv), Some(want)) => {
+            let want: BTreeMap<String, String> = want
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+                .collect();
+            if kv != want {
+                return Some(format!("parsed {kv:?}, libpq {want:?}"));
+            }
+        }
+        (Ok(kv), None) => return Some(format!("parsed {kv:?}, libpq refuses it")),
+        (Err(e), Some(_)) => return Some(format!("refused ({e}), libpq parses it")),
+        (Err(_), None) => {}
+    }
+    let got = target(case.dsn, &env, None);
+    if let Err(e) = &got
+        && (e.to_string().contains("s3cr") || e.to_string().contains("secret"))
+    {
+        return Some(format!("the error repeats a password: {e}"));
+    }
+    match (&case.want, got) {
+        (Want::Error(m) | Want::Refused(m), Err(e)) => {
+            (!e.to_string().contains(m)).then(|| format!("error {e:?} lacks {m:?}"))
+        }
+        (Want::Error(_) | Want::Refused(_), Ok(t)) => Some(format!("connects to {}", t.display)),
+        (Want::Connect(..), Err(e)) => Some(format!("refused: {e}")),
+        (Want::Connect(hosts, checks), Ok(t)) => {
+            let want: Vec<(String, u16)> = hosts
+                .iter()
+                .map(|(h, p)| {
+                    let h = if h.is_empty() {
+                        default_host()
+                    } else {
+                        (*h).to_string()
+                    };
+                    (h, *p)
+                })
+                .collect();
+            if t.hosts != want {
+                return Some(format!("hosts {:?}, libpq {want:?}", t.hosts));
+            }
+            // What reaches tokio-postgres: the same hosts, one port each.
+            if t.config.get_hosts().len() != want.len()
+                || t.config.get_ports() != want.iter().map(|(_, p)| *p).collect::<Vec<_>>()
+            {
+                return Some(format!("tokio-postgres gets {:?}", t.config));
+            }
+            checks.iter().find_map(|c| check(&t, *c))
+        }
+    }
+}
+
+fn check(t: &Target, c: Check) -> Option<String> {
+    let c_ = &t.config;
+    let ok = match c {
+        Check::User(u) => c_.get_user() == Some(u),
+        Check::Db(d) => c_.get_dbname() == Some(d),
+        Check::Password(p) => c_.get_password().is_some() == p,
+        Check::Options(o) => c_.get_options() == Some(o),
+        Check::App(a) => c_.get_application_name() == Some(a),
+        Check::Timeout(s) => c_.get_connect_timeout().copied() == s.map(Duration::from_secs),
+        Check::Ssl(m) => t.ssl_mode == m,
+    };
+    (!ok).then(|| format!("{c:?} does not hold: {c_:?}"))
+}
+
+#[test]
+fn every_case_agrees_with_libpq_or_is_a_listed_exception() {
+    let cases = cases();
+    let mut wrong = Vec::new();
+    for c in &cases {
+        if let Some(why) = disagreement(c) {
+            wrong.push(format!("{:?} {:?}: {why}", c.from, c.dsn));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} disagree:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+    let exceptions: Vec<&str> = cases
+        .iter()
+        .filter(|c| matches!(c.want, Want::Refused(_)))
+        .map(|c| c.dsn)
+        .collect();
+    let from = |f: Source| cases.iter().filter(|c| c.from == f).count();
+    let agree = cases.len() - exceptions.len();
+    println!(
+        "{} cases ({} from libpq's URI tests, {} from the libpq docs, {} from review): \
+         {agree}/{} agree with libpq, {} deliberate exceptions: {exceptions:?}",
+        cases.len(),
+        from(Source::UriTests),
+        from(Source::Docs),
+        from(Source::Review),
+        cases.len(),
+        exceptions.len(),
+    );
+    // A new exception is a decision: list it in the README's DSN section.
+    assert_eq!(exceptions.len(), 8, "{exceptions:?}");
+    assert_eq!(
+        from(Source::UriTests),
+        60,
+        "every case of libpq's URI tests"
+    );
+}

@@ -17,10 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/kit.rs"]
-mod kit;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
@@ -28,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Exporter, http_get};
-use pg::{PgKind, PgServer};
+use common::pg::{PgKind, PgServer};
+use common::{Exporter, http_get, kit};
 
 const MON_PASSWORD: &str = "Mon-Pa55word-4-e2e";
 const JOB: &str = "pg-storage-exporter";

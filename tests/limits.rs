@@ -6,16 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/loopdev.rs"]
-mod loopdev;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::path::Path;
 use std::time::Duration;
 
+use common::loopdev;
+use common::pg::{PgKind, PgServer};
 use common::*;
-use pg::{PgKind, PgServer};
 
 /// The postmaster and every process it started.
 fn postgres_pids(data_dir: &Path) -> Vec<String> {

@@ -6,17 +6,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/loopdev.rs"]
-mod loopdev;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::loopdev;
+use common::pg::{PgKind, PgServer};
 use common::*;
-use pg::{PgKind, PgServer};
 
 const MON_PASSWORD: &str = "Mon-Pa55word-4-tests";
 

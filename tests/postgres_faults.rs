@@ -18,8 +18,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -27,8 +25,8 @@ use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::pg::{self, PgKind, PgServer};
 use common::*;
-use pg::{PgKind, PgServer};
 
 const PASSWORD: &str = "Fault-Pa55word-4-tests";
 

@@ -7,14 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::path::Path;
 use std::time::Duration;
 
+use common::pg::{PgKind, PgServer};
 use common::*;
-use pg::{PgKind, PgServer};
 
 const WAIT: Duration = Duration::from_secs(30);
 const MON_PASSWORD: &str = "Mon-Pa55word-4-reload";

@@ -1,7 +1,8 @@
 //! Helpers for integration tests: run the real binary, read its log for the
 //! bound address, scrape it over real HTTP; and in submodules throwaway
-//! PostgreSQL servers ([`pg`]), loop devices and blkio cgroups
-//! ([`loopdev`]), the operator kit's files ([`kit`]).
+//! PostgreSQL servers ([`pg`]), such a server with the exporter watching it
+//! ([`stack`]), loop devices and blkio cgroups ([`loopdev`]), the operator
+//! kit's files ([`kit`]).
 //!
 //! Every test binary declares `mod common;` and uses what it needs.
 // Each test binary is a crate of its own that compiles this whole module
@@ -12,6 +13,7 @@
 pub mod kit;
 pub mod loopdev;
 pub mod pg;
+pub mod stack;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

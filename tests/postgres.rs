@@ -69,7 +69,7 @@ fn counters_track_postgres(kind: PgKind) {
     let (pg, ex) = (&stack.pg, &stack.ex);
     // Let statistics settle, then read both sides.
     std::thread::sleep(Duration::from_millis(1500));
-    let p0 = (own_wal_syncs(&pg), own_commits(&pg));
+    let p0 = (own_wal_syncs(pg), own_commits(pg));
     std::thread::sleep(Duration::from_millis(1200));
     let m0 = ex.metrics();
     let e0 = (
@@ -79,7 +79,7 @@ fn counters_track_postgres(kind: PgKind) {
     let out = pg.pgbench_inserts(4, 20);
     assert!(out.contains("tps"), "{out}");
     std::thread::sleep(Duration::from_millis(2000));
-    let p1 = (own_wal_syncs(&pg), own_commits(&pg));
+    let p1 = (own_wal_syncs(pg), own_commits(pg));
     std::thread::sleep(Duration::from_millis(1200));
     let m1 = ex.metrics();
     let e1 = (

@@ -69,11 +69,6 @@ impl Stack {
         self.work.path().join(CONFIG_FILE)
     }
 
-    /// The probed volume's dir, `<work>/vol`.
-    pub fn volume_dir(&self) -> PathBuf {
-        self.work.path().join(VOLUME_DIR)
-    }
-
     /// `http://ADDR{path}` of the exporter.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.ex.addr)

@@ -8,10 +8,11 @@
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "common/kit.rs"]
-mod kit;
+mod common;
 
 use std::collections::HashSet;
+
+use common::kit;
 
 #[test]
 fn dashboards_are_grafana_10_json_with_a_datasource_variable() {

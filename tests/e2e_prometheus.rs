@@ -17,19 +17,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/kit.rs"]
-mod kit;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::collections::BTreeSet;
 use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Exporter, http_get};
-use pg::{PgKind, PgServer};
+use common::stack::{Stack, StackBuilder};
+use common::{http_get, kit};
 
 const MON_PASSWORD: &str = "Mon-Pa55word-4-e2e";
 const JOB: &str = "pg-storage-exporter";
@@ -173,40 +168,32 @@ impl Drop for Prometheus {
     }
 }
 
-/// The exporter's configuration: one probed temp volume with a provisioned
-/// IOPS limit (so the IO cap series exist), fast intervals, and the cluster
-/// with volume discovery on. The volume is on the same filesystem as the
-/// cluster's data directory and WAL (both in temp dirs), so discovery
-/// reports it as holding the cluster's `data` and `wal` roles.
-fn write_config(dir: &Path, pg: &PgServer) -> PathBuf {
-    let vol = dir.join("vol");
-    std::fs::create_dir_all(&vol).unwrap();
-    let cfg = dir.join("exporter.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+/// PostgreSQL 18 and the exporter watching it as a pg_monitor-only role:
+/// one probed temp volume with a provisioned IOPS limit (so the IO cap
+/// series exist), fast intervals, and the cluster with volume discovery on.
+/// The volume is on the same filesystem as the cluster's data directory and
+/// WAL (all in temp dirs), so discovery reports it as holding the cluster's
+/// `data` and `wal` roles.
+fn stack() -> StackBuilder<'static> {
+    Stack::builder()
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .config_head(
             "window = \"1m\"\n\
              limits_interval = \"1s\"\n\
              [defaults]\n\
              interval = \"200ms\"\n\
              read_file_size = \"4MiB\"\n\
-             free_space_reserve = \"0\"\n\
-             [[volume]]\n\
-             name = \"t\"\n\
-             path = \"{}\"\n\
-             provisioned_iops = 100000\n\
-             [[cluster]]\n\
-             name = \"c\"\n\
-             dsn = \"{}\"\n\
-             scrape_interval = \"1s\"\n\
+             free_space_reserve = \"0\"\n",
+        )
+        .volume("provisioned_iops = 100000")
+        .cluster(
+            "c",
+            "mon",
+            "scrape_interval = \"1s\"\n\
              wait_sampling_interval = \"200ms\"\n\
              discover_volumes = true\n",
-            vol.display(),
-            pg.dsn("mon", MON_PASSWORD)
-        ),
-    )
-    .unwrap();
-    cfg
+        )
 }
 
 /// Panels whose every target must return data once the exporter has
@@ -315,16 +302,10 @@ fn scrape_names(scrape: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 
 #[test]
 fn prometheus_evaluates_every_dashboard_and_rule_expression() {
-    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+    let Some(mut stack) = stack().start() else {
         return;
     };
-    pg.create_role("mon", MON_PASSWORD, true);
-    let work = tempfile::Builder::new()
-        .prefix("pgse-e2e-")
-        .tempdir()
-        .unwrap();
-    let cfg = write_config(work.path(), &pg);
-    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let (pg, ex, work) = (&stack.pg, &mut stack.ex, &stack.work);
     let prom = Prometheus::start(ex.addr);
     eprintln!(
         "PostgreSQL {} on port {}, exporter on {}, Prometheus on {}",
@@ -543,5 +524,5 @@ fn prometheus_evaluates_every_dashboard_and_rule_expression() {
         "probe dir removed at shutdown"
     );
     drop(prom);
-    drop(pg);
+    drop(stack);
 }

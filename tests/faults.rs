@@ -7,14 +7,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/loopdev.rs"]
-mod loopdev;
 
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use common::loopdev;
 use common::*;
 
 fn setup_errors(m: &str, error: &str) -> f64 {

@@ -10,12 +10,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/loopdev.rs"]
-mod loopdev;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::loopdev;
 use common::*;
 
 #[test]

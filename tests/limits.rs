@@ -6,16 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/loopdev.rs"]
-mod loopdev;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::path::Path;
 use std::time::Duration;
 
+use common::loopdev;
+use common::stack::Stack;
 use common::*;
-use pg::{PgKind, PgServer};
 
 /// The postmaster and every process it started.
 fn postgres_pids(data_dir: &Path) -> Vec<String> {
@@ -50,38 +47,38 @@ fn write_iops_cap_on_the_wal_device_is_the_commit_ceiling() {
     }
     let mut fx = loopdev::LoopVolume::new(512 << 20, true);
     let waldir = fx.mnt.join("pg_wal");
-    let Some(pg) = PgServer::start(PgKind::V18, Some(&waldir)) else {
-        return;
-    };
-    pg.create_role("mon", "Mon-Pa55", true);
+    // The groups exist before PostgreSQL starts; nothing is in them until
+    // the setup moves PostgreSQL's processes and the test the exporter.
     let pg_group = fx.group(
         "pgse-pg",
         &[("write_iops_device", 100), ("read_iops_device", 2000)],
     );
-    for (i, pid) in postgres_pids(pg.data_dir()).into_iter().enumerate() {
-        match std::fs::write(pg_group.join("cgroup.procs"), &pid) {
-            Ok(()) => {}
-            // A short-lived child (a backend that just ended) is gone: fine.
-            // The postmaster (first) must move.
-            Err(e) if i > 0 && e.raw_os_error() == Some(libc::ESRCH) => {}
-            Err(e) => panic!("moving pid {pid}: {e}"),
-        }
-    }
     let exp_group = fx.group("pgse-exp", &[]);
-
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
+    let Some(stack) = Stack::builder()
+        .waldir(&waldir)
+        .password("Mon-Pa55")
+        .role("mon", true)
+        .setup(|pg| {
+            for (i, pid) in postgres_pids(pg.data_dir()).into_iter().enumerate() {
+                match std::fs::write(pg_group.join("cgroup.procs"), &pid) {
+                    Ok(()) => {}
+                    // A short-lived child (a backend that just ended) is gone: fine.
+                    // The postmaster (first) must move.
+                    Err(e) if i > 0 && e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => panic!("moving pid {pid}: {e}"),
+                }
+            }
+        })
+        .config_head(
             "window = \"1m\"\nlimits_interval = \"1s\"\n\
-             [defaults]\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n\
-             [[cluster]]\nname = \"c\"\ndsn = \"{}\"\nscrape_interval = \"500ms\"\n",
-            pg.dsn("mon", "Mon-Pa55")
-        ),
-    )
-    .unwrap();
-    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+             [defaults]\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n",
+        )
+        .cluster("c", "mon", "scrape_interval = \"500ms\"")
+        .start()
+    else {
+        return;
+    };
+    let (pg, ex) = (&stack.pg, &stack.ex);
     std::fs::write(exp_group.join("cgroup.procs"), ex.child.id().to_string()).unwrap();
 
     let m = ex.wait_for(

@@ -17,8 +17,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/kit.rs"]
-mod kit;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -26,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::Exporter;
+use common::{Exporter, kit};
 use serde_json::Value;
 
 const PORT: u64 = 9847;

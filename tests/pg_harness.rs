@@ -6,12 +6,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::os::unix::fs::PermissionsExt;
 
-use pg::{PgKind, PgServer};
+use common::pg::{self, PgKind, PgServer};
 
 fn lifecycle(kind: PgKind) {
     let Some(pg) = PgServer::start(kind, None) else {

@@ -6,39 +6,33 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/loopdev.rs"]
-mod loopdev;
-#[path = "common/pg.rs"]
-mod pg;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::loopdev;
+use common::pg::{PgKind, PgServer};
+use common::stack::{Stack, StackBuilder};
 use common::*;
-use pg::{PgKind, PgServer};
 
 const MON_PASSWORD: &str = "Mon-Pa55word-4-tests";
 
-/// Starts the exporter watching `pg` as a pg_monitor-only role, with fast
-/// intervals, plus a small probed volume in `dir` so probe activity can be
-/// checked while PostgreSQL is down.
-fn exporter(pg: &PgServer, dir: &Path, extra: &str) -> Exporter {
-    let cfg = dir.join("c.toml");
-    let probe = dir.join("vol");
-    std::fs::create_dir_all(&probe).unwrap();
-    std::fs::write(
-        &cfg,
-        format!(
-            "window = \"1m\"\n\
-             [[volume]]\nname = \"t\"\npath = \"{}\"\ninterval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n\
-             [[cluster]]\nname = \"c\"\ndsn = \"{}\"\nscrape_interval = \"500ms\"\nwait_sampling_interval = \"200ms\"\n{extra}\n",
-            probe.display(),
-            pg.dsn("mon", MON_PASSWORD)
-        ),
-    )
-    .unwrap();
-    Exporter::start(&["--config.file", cfg.to_str().unwrap()])
+/// PostgreSQL `kind` with the exporter watching it as a pg_monitor-only role
+/// `mon` (cluster `c`, no volume discovery), with fast intervals, plus a
+/// small probed volume `t` so probe activity can be checked while
+/// PostgreSQL is down; ready once `c` is up.
+fn watched(kind: PgKind) -> StackBuilder<'static> {
+    Stack::builder()
+        .pg_version(kind)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .volume("interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
+        .cluster(
+            "c",
+            "mon",
+            "scrape_interval = \"500ms\"\nwait_sampling_interval = \"200ms\"\ndiscover_volumes = false",
+        )
+        .ready_pg_up("c")
 }
 
 fn value(m: &str, series: &str) -> Option<f64> {
@@ -69,18 +63,13 @@ fn within(a: f64, b: f64, rel: f64) -> bool {
 }
 
 fn counters_track_postgres(kind: PgKind) {
-    let Some(pg) = PgServer::start(kind, None) else {
+    let Some(stack) = watched(kind).start() else {
         return;
     };
-    pg.create_role("mon", MON_PASSWORD, true);
-    let dir = tempfile::tempdir().unwrap();
-    let ex = exporter(&pg, dir.path(), "discover_volumes = false");
-    ex.wait_for("pg_up 1", Duration::from_secs(30), |m| {
-        pg_up(m) == Some(1.0)
-    });
+    let (pg, ex) = (&stack.pg, &stack.ex);
     // Let statistics settle, then read both sides.
     std::thread::sleep(Duration::from_millis(1500));
-    let p0 = (own_wal_syncs(&pg), own_commits(&pg));
+    let p0 = (own_wal_syncs(pg), own_commits(pg));
     std::thread::sleep(Duration::from_millis(1200));
     let m0 = ex.metrics();
     let e0 = (
@@ -90,7 +79,7 @@ fn counters_track_postgres(kind: PgKind) {
     let out = pg.pgbench_inserts(4, 20);
     assert!(out.contains("tps"), "{out}");
     std::thread::sleep(Duration::from_millis(2000));
-    let p1 = (own_wal_syncs(&pg), own_commits(&pg));
+    let p1 = (own_wal_syncs(pg), own_commits(pg));
     std::thread::sleep(Duration::from_millis(1200));
     let m1 = ex.metrics();
     let e1 = (
@@ -184,15 +173,10 @@ fn counters_track_postgres_18() {
 }
 
 fn survives_restart(kind: PgKind) {
-    let Some(pg) = PgServer::start(kind, None) else {
+    let Some(stack) = watched(kind).start() else {
         return;
     };
-    pg.create_role("mon", MON_PASSWORD, true);
-    let dir = tempfile::tempdir().unwrap();
-    let ex = exporter(&pg, dir.path(), "discover_volumes = false");
-    ex.wait_for("pg_up 1", Duration::from_secs(30), |m| {
-        pg_up(m) == Some(1.0)
-    });
+    let (pg, ex) = (&stack.pg, &stack.ex);
 
     let stopped = Instant::now();
     pg.stop();
@@ -244,31 +228,38 @@ fn survives_restart_18() {
 
 #[test]
 fn wrong_password_is_a_clear_error_without_the_password() {
-    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+    let wrong = "Wr0ng-Secret-xyzzy";
+    let Some(stack) = Stack::builder()
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .cli(|pg, work| {
+            [
+                "--pg.dsn",
+                &format!("c={}", pg.dsn("mon", wrong)),
+                "--pg.scrape-interval",
+                "500ms",
+                "--no-pg.discover-volumes",
+                "--probe.path",
+                &format!("t={}", work.display()),
+                "--probe.free-space-reserve",
+                "0",
+            ]
+            .map(String::from)
+            .to_vec()
+        })
+        .ready("a connect error", Duration::from_secs(30), |m| {
+            value(
+                m,
+                "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\",cause=\"auth\"}",
+            )
+            .unwrap_or(0.0)
+                >= 1.0
+        })
+        .start()
+    else {
         return;
     };
-    pg.create_role("mon", MON_PASSWORD, true);
-    let dir = tempfile::tempdir().unwrap();
-    let wrong = "Wr0ng-Secret-xyzzy";
-    let ex = Exporter::start(&[
-        "--pg.dsn",
-        &format!("c={}", pg.dsn("mon", wrong)),
-        "--pg.scrape-interval",
-        "500ms",
-        "--no-pg.discover-volumes",
-        "--probe.path",
-        &format!("t={}", dir.path().display()),
-        "--probe.free-space-reserve",
-        "0",
-    ]);
-    let m = ex.wait_for("a connect error", Duration::from_secs(30), |m| {
-        value(
-            m,
-            "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\",cause=\"auth\"}",
-        )
-        .unwrap_or(0.0)
-            >= 1.0
-    });
+    let (ex, m) = (&stack.ex, stack.ready.clone());
     assert_eq!(pg_up(&m), Some(0.0));
     let log = ex.wait_log(
         "password authentication failed for user",
@@ -346,38 +337,49 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
     }
     let lm = loopdev::LoopVolume::new(256 << 20, true);
     let waldir = lm.mnt.join("pg_wal");
-    let Some(pg) = PgServer::start(PgKind::V18, Some(&waldir)) else {
+    let Some(mut stack) = Stack::builder()
+        .waldir(&waldir)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .setup(|pg| {
+            assert!(
+                std::fs::symlink_metadata(pg.data_dir().join("pg_wal"))
+                    .unwrap()
+                    .file_type()
+                    .is_symlink()
+            );
+            // The WAL probe must follow the cluster's wal_sync_method.
+            pg.psql("ALTER SYSTEM SET wal_sync_method = 'fsync'");
+            pg.psql("SELECT pg_reload_conf()");
+            std::thread::sleep(Duration::from_millis(500));
+        })
+        .cli(|pg, _| {
+            [
+                "--pg.dsn",
+                &format!("c18={}", pg.dsn("mon", MON_PASSWORD)),
+                "--pg.scrape-interval",
+                "500ms",
+                "--probe.interval",
+                "200ms",
+                "--probe.read-file-size",
+                "4MiB",
+                "--probe.free-space-reserve",
+                "0",
+            ]
+            .map(String::from)
+            .to_vec()
+        })
+        .ready(
+            "probes on both discovered volumes",
+            Duration::from_secs(60),
+            |m| count(m, "c18/wal", "commit") >= 2.0 && count(m, "c18/data", "read") >= 2.0,
+        )
+        .start()
+    else {
         return;
     };
-    assert!(
-        std::fs::symlink_metadata(pg.data_dir().join("pg_wal"))
-            .unwrap()
-            .file_type()
-            .is_symlink()
-    );
-    pg.create_role("mon", MON_PASSWORD, true);
-    // The WAL probe must follow the cluster's wal_sync_method.
-    pg.psql("ALTER SYSTEM SET wal_sync_method = 'fsync'");
-    pg.psql("SELECT pg_reload_conf()");
-    std::thread::sleep(Duration::from_millis(500));
-
-    let mut ex = Exporter::start(&[
-        "--pg.dsn",
-        &format!("c18={}", pg.dsn("mon", MON_PASSWORD)),
-        "--pg.scrape-interval",
-        "500ms",
-        "--probe.interval",
-        "200ms",
-        "--probe.read-file-size",
-        "4MiB",
-        "--probe.free-space-reserve",
-        "0",
-    ]);
-    let m = ex.wait_for(
-        "probes on both discovered volumes",
-        Duration::from_secs(60),
-        |m| count(m, "c18/wal", "commit") >= 2.0 && count(m, "c18/data", "read") >= 2.0,
-    );
+    let m = stack.ready.clone();
+    let (pg, ex) = (&stack.pg, &mut stack.ex);
     let loopname = lm.name();
     let info = samples_with(&m, "pgstorage_volume_info", &["volume=\"c18/wal\""]);
     assert_eq!(info.len(), 1, "{m}");
@@ -453,16 +455,20 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
         !wal_probe.exists() && !data_probe.exists(),
         "probe dirs removed at shutdown"
     );
-    drop(pg);
+    drop(stack);
 }
 
 #[test]
 fn tls_follows_sslmode() {
     // Debian's PostgreSQL 15 is built with OpenSSL; the PyPI 18 build is not.
-    let Some(pg) = PgServer::start(PgKind::V15, None) else {
+    let Some(pg) = Stack::builder()
+        .pg_version(PgKind::V15)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .start_postgres()
+    else {
         return;
     };
-    pg.create_role("mon", MON_PASSWORD, true);
     // A CA and a server certificate it signed, for localhost only.
     let certs = tempfile::tempdir().unwrap();
     let p = |n: &str| certs.path().join(n).to_str().unwrap().to_string();
@@ -600,15 +606,10 @@ fn tls_follows_sslmode() {
 
 #[test]
 fn survives_sigkill_of_the_postmaster() {
-    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+    let Some(stack) = watched(PgKind::V18).start() else {
         return;
     };
-    pg.create_role("mon", MON_PASSWORD, true);
-    let dir = tempfile::tempdir().unwrap();
-    let ex = exporter(&pg, dir.path(), "discover_volumes = false");
-    ex.wait_for("pg_up 1", Duration::from_secs(30), |m| {
-        pg_up(m) == Some(1.0)
-    });
+    let (pg, ex) = (&stack.pg, &stack.ex);
     let pid: i32 = std::fs::read_to_string(pg.data_dir().join("postmaster.pid"))
         .unwrap()
         .lines()

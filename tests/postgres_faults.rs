@@ -18,47 +18,33 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::pg::{self, PgKind, PgServer};
+use common::stack::{Stack, StackBuilder};
 use common::*;
-use pg::{PgKind, PgServer};
 
 const PASSWORD: &str = "Fault-Pa55word-4-tests";
 
-/// One `[[cluster]]` of the exporter's configuration.
-struct Cluster<'a> {
-    name: &'a str,
-    dsn: String,
-    statement_timeout: &'a str,
+/// PostgreSQL `kind` and the exporter with a small probed volume of its own;
+/// the test adds roles and clusters (see [`cluster`]).
+fn stack<'a>(kind: PgKind) -> StackBuilder<'a> {
+    Stack::builder()
+        .pg_version(kind)
+        .password(PASSWORD)
+        .volume("interval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
 }
 
-/// Starts the exporter on these clusters (fast intervals, no discovery)
-/// with a small probed volume of its own in `dir`.
-fn exporter(dir: &Path, clusters: &[Cluster]) -> Exporter {
-    let probe = dir.join("vol");
-    std::fs::create_dir_all(&probe).unwrap();
-    let mut cfg = format!(
-        "window = \"1m\"\n\
-         [[volume]]\nname = \"t\"\npath = \"{}\"\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n",
-        probe.display()
-    );
-    for c in clusters {
-        cfg.push_str(&format!(
-            "[[cluster]]\nname = \"{}\"\ndsn = \"{}\"\nscrape_interval = \"500ms\"\n\
-             wait_sampling_interval = \"200ms\"\nstatement_timeout = \"{}\"\ndiscover_volumes = false\n",
-            c.name, c.dsn, c.statement_timeout
-        ));
-    }
-    let path = dir.join("c.toml");
-    std::fs::write(&path, cfg).unwrap();
-    Exporter::start(&["--config.file", path.to_str().unwrap()])
+/// The keys of a `[[cluster]]`: fast intervals, no discovery.
+fn cluster(statement_timeout: &str) -> String {
+    format!(
+        "scrape_interval = \"500ms\"\nwait_sampling_interval = \"200ms\"\n\
+         statement_timeout = \"{statement_timeout}\"\ndiscover_volumes = false\n"
+    )
 }
 
 fn pg_up(m: &str, cluster: &str) -> Option<f64> {
@@ -230,29 +216,26 @@ impl Drop for Session {
 /// and pg_stat_bgwriter read no catalog and go on.
 #[test]
 fn a_query_blocked_by_a_catalog_lock_times_out_and_the_others_go_on() {
-    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+    let Some(stack) = stack(PgKind::V18)
+        .role("mon", true)
+        .setup(|pg| {
+            log_statements_of(pg, "mon");
+            pg.psql("CREATE TABLE w(v int)");
+        })
+        .cluster("c", "mon", &cluster("1s"))
+        .ready("pg_up 1 with commits", Duration::from_secs(30), |m| {
+            pg_up(m, "c") == Some(1.0)
+                && sample(m, "pgstorage_pg_commits_total{cluster=\"c\"}").is_some()
+        })
+        .start()
+    else {
         return;
     };
-    pg.create_role("mon", PASSWORD, true);
-    log_statements_of(&pg, "mon");
-    pg.psql("CREATE TABLE w(v int)");
-    let dir = tempfile::tempdir().unwrap();
-    let ex = exporter(
-        dir.path(),
-        &[Cluster {
-            name: "c",
-            dsn: pg.dsn("mon", PASSWORD),
-            statement_timeout: "1s",
-        }],
-    );
-    let m0 = ex.wait_for("pg_up 1 with commits", Duration::from_secs(30), |m| {
-        pg_up(m, "c") == Some(1.0)
-            && sample(m, "pgstorage_pg_commits_total{cluster=\"c\"}").is_some()
-    });
+    let (pg, ex, m0) = (&stack.pg, &stack.ex, stack.ready.clone());
     // Both sessions exist before the lock: a new connection would wait for
     // pg_database too.
-    let mut writer = Session::open(&pg);
-    let mut locker = Session::open(&pg);
+    let mut writer = Session::open(pg);
+    let mut locker = Session::open(pg);
     let records =
         |m: &str| sample(m, "pgstorage_pg_wal_records_total{cluster=\"c\"}").unwrap_or(-1.0);
     let timeouts = |m: &str| {
@@ -356,7 +339,7 @@ fn a_query_blocked_by_a_catalog_lock_times_out_and_the_others_go_on() {
         1,
         "{log}"
     );
-    let reads = assert_only_reads(&pg, "mon");
+    let reads = assert_only_reads(pg, "mon");
     eprintln!(
         "after ROLLBACK: commits back in {back:?}, database timeouts stayed at {e1}; \
          {reads} statements of the exporter in the server log, all SELECT or SET"
@@ -425,24 +408,17 @@ fn established_to(pid: u32, port: u16) -> Vec<String> {
 /// start-up packet exchange too.
 #[test]
 fn a_server_that_stops_answering_is_dropped_and_reconnected() {
-    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+    // Client deadlines: 1 s + 2 s per statement, 2 s per connection attempt.
+    let Some(mut stack) = stack(PgKind::V18)
+        .role("mon", true)
+        .setup(|pg| log_statements_of(pg, "mon"))
+        .cluster_dsn("c", "mon", "connect_timeout=2", &cluster("1s"))
+        .ready_pg_up("c")
+        .start()
+    else {
         return;
     };
-    pg.create_role("mon", PASSWORD, true);
-    log_statements_of(&pg, "mon");
-    let dir = tempfile::tempdir().unwrap();
-    // Client deadlines: 1 s + 2 s per statement, 2 s per connection attempt.
-    let mut ex = exporter(
-        dir.path(),
-        &[Cluster {
-            name: "c",
-            dsn: format!("{} connect_timeout=2", pg.dsn("mon", PASSWORD)),
-            statement_timeout: "1s",
-        }],
-    );
-    ex.wait_for("pg_up 1", Duration::from_secs(30), |m| {
-        pg_up(m, "c") == Some(1.0)
-    });
+    let (pg, ex) = (&stack.pg, &mut stack.ex);
     let backend: i32 = pg
         .psql(
             "SELECT pid FROM pg_stat_activity WHERE application_name = 'pg-storage-exporter' \
@@ -554,7 +530,7 @@ fn a_server_that_stops_answering_is_dropped_and_reconnected() {
         pg::wait_gone(backend, Duration::from_secs(10)),
         "old backend exited"
     );
-    let reads = assert_only_reads(&pg, "mon");
+    let reads = assert_only_reads(pg, "mon");
     eprintln!(
         "continued: pg_up 1 after {to_up:?}, 1 exporter session, old backend gone; \
          {reads} statements of the exporter, all SELECT or SET"
@@ -595,36 +571,27 @@ impl Drop for Sleepers {
 /// watches the same server as a plain role (`blind`) and as a pg_monitor
 /// role (`mon`) while 3 sessions of a third role sleep.
 fn hidden_wait_events_are_counted(kind: PgKind) {
-    let Some(pg) = PgServer::start(kind, None) else {
+    let Some(stack) = stack(kind)
+        .role("blind", false)
+        .role("mon", true)
+        .role("sleeper", false)
+        .setup(|pg| {
+            log_statements_of(pg, "blind");
+            log_statements_of(pg, "mon");
+        })
+        .cluster("blind", "blind", &cluster("5s"))
+        .cluster("mon", "mon", &cluster("5s"))
+        .ready("both up with a wait sample", Duration::from_secs(30), |m| {
+            pg_up(m, "blind") == Some(1.0)
+                && pg_up(m, "mon") == Some(1.0)
+                && hidden(m, "blind").is_some()
+                && hidden(m, "mon").is_some()
+        })
+        .start()
+    else {
         return;
     };
-    pg.create_role("blind", PASSWORD, false);
-    pg.create_role("mon", PASSWORD, true);
-    pg.create_role("sleeper", PASSWORD, false);
-    log_statements_of(&pg, "blind");
-    log_statements_of(&pg, "mon");
-    let dir = tempfile::tempdir().unwrap();
-    let ex = exporter(
-        dir.path(),
-        &[
-            Cluster {
-                name: "blind",
-                dsn: pg.dsn("blind", PASSWORD),
-                statement_timeout: "5s",
-            },
-            Cluster {
-                name: "mon",
-                dsn: pg.dsn("mon", PASSWORD),
-                statement_timeout: "5s",
-            },
-        ],
-    );
-    ex.wait_for("both up with a wait sample", Duration::from_secs(30), |m| {
-        pg_up(m, "blind") == Some(1.0)
-            && pg_up(m, "mon") == Some(1.0)
-            && hidden(m, "blind").is_some()
-            && hidden(m, "mon").is_some()
-    });
+    let (pg, ex) = (&stack.pg, &stack.ex);
     // Background processes are hidden from a plain role too: the baseline
     // is the lowest count of a few samples (an autovacuum worker may come
     // and go).
@@ -634,7 +601,7 @@ fn hidden_wait_events_are_counted(kind: PgKind) {
         std::thread::sleep(Duration::from_millis(250));
     }
 
-    let sleepers = Sleepers::start(&pg, "sleeper", 3);
+    let sleepers = Sleepers::start(pg, "sleeper", 3);
     let deadline = Instant::now() + Duration::from_secs(30);
     while pg.psql("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'") != "3" {
         assert!(Instant::now() < deadline, "the 3 sleepers never slept");
@@ -702,7 +669,7 @@ fn hidden_wait_events_are_counted(kind: PgKind) {
     );
     pg.psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'sleeper'");
     drop(sleepers);
-    let reads = assert_only_reads(&pg, "blind") + assert_only_reads(&pg, "mon");
+    let reads = assert_only_reads(pg, "blind") + assert_only_reads(pg, "mon");
     eprintln!("{reads} statements of the exporter, all SELECT or SET");
 }
 

@@ -7,14 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::path::Path;
 use std::time::Duration;
 
+use common::stack::Stack;
 use common::*;
-use pg::{PgKind, PgServer};
 
 const WAIT: Duration = Duration::from_secs(30);
 const MON_PASSWORD: &str = "Mon-Pa55word-4-reload";
@@ -162,33 +160,35 @@ fn sighup_applies_a_valid_configuration_and_keeps_the_old_one_on_error() {
 /// discovery added, files and series. The PostgreSQL server is untouched.
 #[test]
 fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume() {
-    let Some(pg) = PgServer::start(PgKind::V18, None) else {
-        return;
-    };
-    pg.create_role("mon", MON_PASSWORD, true);
     // The configured volume is on tmpfs, a different filesystem from the
     // cluster's, so discovery has a filesystem of its own to add.
     let shm = tempfile::Builder::new()
         .prefix("pgse-reload-")
         .tempdir_in("/dev/shm")
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.toml");
     let base = format!(
         "window = \"1m\"\n[[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"commit\"]\n\
          interval = \"100ms\"\nfree_space_reserve = \"0\"\n",
         shm.path().display()
     );
-    std::fs::write(&cfg, &base).unwrap();
-    let mut ex = Exporter::start(&[
-        "--config.file",
-        cfg.to_str().unwrap(),
-        "--probe.read-file-size",
-        "4MiB",
-        "--probe.free-space-reserve",
-        "0",
-    ]);
-    let m = ex.wait_for("volume t probing", WAIT, |m| count(m, "t", "commit") >= 2.0);
+    // No cluster yet: the reload adds it.
+    let Some(mut stack) = Stack::builder()
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .config(&base)
+        .args(&[
+            "--probe.read-file-size",
+            "4MiB",
+            "--probe.free-space-reserve",
+            "0",
+        ])
+        .ready("volume t probing", WAIT, |m| count(m, "t", "commit") >= 2.0)
+        .start()
+    else {
+        return;
+    };
+    let (cfg, m) = (stack.config_path(), stack.ready.clone());
+    let (pg, ex) = (&stack.pg, &mut stack.ex);
     assert!(sample(&m, "pgstorage_pg_up{cluster=\"c\"}").is_none());
 
     let with_cluster = format!(

@@ -11,10 +11,9 @@
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[path = "common/kit.rs"]
-mod kit;
+mod common;
 
-use kit::{RULE_FILES, output_text, repo, run_tool};
+use common::kit::{self, RULE_FILES, output_text, repo, run_tool};
 
 const PROMTOOL_HINT: &str = "promtool not found: install the Debian package `prometheus` \
                              (apt-get install prometheus; ./scripts/test does it)";

@@ -5,9 +5,7 @@
 //! URL encoding, and running external tools with a clear message when they
 //! are missing.
 //!
-//! Include it with `#[path = "common/kit.rs"] mod kit;`. It depends only on
-//! std and serde_json.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! It depends only on std and serde_json.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

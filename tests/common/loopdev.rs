@@ -1,7 +1,6 @@
 //! A small ext4 filesystem on a loop device, mounted in a temp dir, and v1
 //! blkio cgroups that throttle it: the real resources the IO tests use.
 //! Everything is undone on drop, also when a test fails.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -67,7 +66,7 @@ pub fn can_run_with(test: &str, needs_blkio: bool, tools: &[&str]) -> bool {
     match unavailable_with(needs_blkio, tools) {
         None => true,
         Some(why) => {
-            assert!(!crate::common::ci(), "CI must be able to run {test}: {why}");
+            assert!(!super::ci(), "CI must be able to run {test}: {why}");
             eprintln!("SKIPPED {test}: {why}");
             false
         }
@@ -180,7 +179,7 @@ impl Fault {
     /// its first IO is in it); stdout and stderr go to null unless set.
     /// Returns its pid.
     pub fn spawn(&mut self, what: &str, mut cmd: Command) -> u32 {
-        crate::common::join_cgroup_before_exec(&mut cmd, &self.group.join("cgroup.procs"));
+        super::join_cgroup_before_exec(&mut cmd, &self.group.join("cgroup.procs"));
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {what}: {e}"));

@@ -1,6 +1,19 @@
 //! Helpers for integration tests: run the real binary, read its log for the
-//! bound address, scrape it over real HTTP.
+//! bound address, scrape it over real HTTP; and in submodules throwaway
+//! PostgreSQL servers ([`pg`]), such a server with the exporter watching it
+//! ([`stack`]), loop devices and blkio cgroups ([`loopdev`]), the operator
+//! kit's files ([`kit`]).
+//!
+//! Every test binary declares `mod common;` and uses what it needs.
+// Each test binary is a crate of its own that compiles this whole module
+// and uses a subset of it: what one binary leaves unused is not dead.
+// Test code: a panic is a failed assertion. Both hold for the submodules.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+pub mod kit;
+pub mod loopdev;
+pub mod pg;
+pub mod stack;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};

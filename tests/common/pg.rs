@@ -1,7 +1,6 @@
 //! Throwaway PostgreSQL servers for integration tests.
 //!
-//! Include it with `#[path = "common/pg.rs"] mod pg;` (or `pub mod pg;` from
-//! `tests/common/mod.rs`). It depends only on std, libc and tempfile.
+//! It depends only on std, libc and tempfile (and [`super::ci`]).
 //!
 //! [`PgServer::start`] runs `initdb` in a fresh temp dir, starts the server
 //! with `pg_ctl` on a free 127.0.0.1 port with its unix socket in a private
@@ -28,7 +27,6 @@
 //! Every server's superuser role is `postgres`; it connects over the unix
 //! socket without a password (`local all postgres trust`). Over TCP
 //! (127.0.0.1/32) every role needs its password (`scram-sha-256`).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::ffi::{CStr, CString, OsString};
 use std::io::Write;
@@ -323,7 +321,7 @@ fn lookup_user(name: &str) -> Option<(u32, u32, PathBuf)> {
 
 /// `None` after "SKIPPED: why" outside CI; a panic in CI.
 fn unavailable(why: &str) -> Option<PgServer> {
-    if crate::common::ci() {
+    if super::ci() {
         panic!("PostgreSQL test server unavailable and CI is set (CI must not skip): {why}");
     }
     eprintln!("SKIPPED: {why}");

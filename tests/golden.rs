@@ -14,8 +14,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
-#[path = "common/pg.rs"]
-mod pg;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
@@ -23,7 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-use pg::{PgKind, PgServer};
+use common::pg::{PgKind, PgServer};
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/series.txt");
 /// The same run scraped as OpenMetrics (what Prometheus asks for): counter

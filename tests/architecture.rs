@@ -221,7 +221,7 @@ fn uses(text: &str) -> Vec<(String, usize)> {
                     out.push((name, n + 1));
                 }
             }
-            rest = &after[..];
+            rest = after;
         }
     }
     // `use crate::{...}` spanning several lines.

@@ -75,7 +75,7 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         limits,
         shutdown_timeout.clone(),
     );
-    sup.start()?;
+    sup.start().await?;
     let auth: AuthSlot = Arc::new(std::sync::RwLock::new(web.security.basic_auth.clone()));
     let (tls_tx, tls_rx) = match &web.security.tls {
         Some(c) => {

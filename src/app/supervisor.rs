@@ -5,6 +5,7 @@
 //! applies the difference. A file that does not load or validate changes
 //! nothing.
 
+use anyhow::Context;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -169,10 +170,19 @@ impl Supervisor {
 
     /// Starts what the configuration names: volumes, cluster collectors,
     /// the limits collector.
-    pub fn start(&mut self) -> anyhow::Result<()> {
-        for v in &self.cfg.volumes {
-            self.volumes.add(v.clone())?;
-        }
+    pub async fn start(&mut self) -> anyhow::Result<()> {
+        // Adding a volume creates its probe files and thread: blocking
+        // work that can hang on a dead network volume, so not on an async
+        // worker (as on reload).
+        let (set, specs) = (self.volumes.clone(), self.cfg.volumes.clone());
+        tokio::task::spawn_blocking(move || {
+            for v in specs {
+                set.add(v)?;
+            }
+            Ok::<(), anyhow::Error>(())
+        })
+        .await
+        .context("adding the configured volumes")??;
         for c in self.cfg.clusters.clone() {
             self.start_cluster(&c);
         }

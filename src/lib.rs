@@ -5,6 +5,7 @@ pub mod app;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod events;
 pub mod exposition;
 pub mod families;
 pub mod http;

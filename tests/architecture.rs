@@ -19,15 +19,19 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("types", &[]),
     ("families", &[]),
     ("sys", &[]),
+    ("events", &[]),
     ("model", &["types", "units"]),
-    ("probe", &["model", "types", "units", "sys"]),
-    ("postgres", &["model", "types", "units", "families", "sys"]),
+    ("probe", &["model", "types", "units", "events", "sys"]),
+    (
+        "postgres",
+        &["model", "types", "units", "events", "families", "sys"],
+    ),
     // Until the limits collector takes its inputs from the daemon: it
     // still reads the volume and cluster sets itself.
     (
         "limits",
         &[
-            "model", "types", "units", "families", "sys", "probe", "postgres",
+            "model", "types", "units", "events", "families", "sys", "probe", "postgres",
         ],
     ),
     (

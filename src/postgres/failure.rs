@@ -12,8 +12,7 @@
 //! | `connection`     | refused, reset or closed; class 08; 57P01 to 57P03 (server shutting down or starting up) |
 //! | `other`          | anything else                                                                   |
 
-use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::tls::{self, ConnectError};
 
@@ -183,102 +182,15 @@ impl std::fmt::Display for ConnectFailure {
     }
 }
 
-/// A failure is logged again at most this often while it lasts.
-pub const LOG_REPEAT: Duration = Duration::from_secs(300);
-
-/// What to log about a failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Report {
-    /// First failure of this cause: log it.
-    New,
-    /// Still failing with the same cause after [`LOG_REPEAT`]: log it again
-    /// with the number of failures so far.
-    Again { failures: u64 },
-    /// A repeat: stay quiet.
-    Quiet,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Open {
-    cause: Cause,
-    since: Instant,
-    failures: u64,
-    logged: Instant,
-}
-
-/// The failures going on, per operation (`connect` or a query name), so
-/// that a failure that repeats every scrape is logged once, and its end
-/// once.
-#[derive(Debug, Default)]
-pub struct Failures {
-    open: BTreeMap<&'static str, Open>,
-}
-
-impl Failures {
-    /// Records a failure of `what` and says whether to log it.
-    pub fn failed(&mut self, what: &'static str, cause: Cause, now: Instant) -> Report {
-        match self.open.get_mut(what) {
-            Some(o) if o.cause == cause => {
-                o.failures += 1;
-                if now.saturating_duration_since(o.logged) >= LOG_REPEAT {
-                    o.logged = now;
-                    Report::Again {
-                        failures: o.failures,
-                    }
-                } else {
-                    Report::Quiet
-                }
-            }
-            // Another cause of the same outage: news, but the outage
-            // (and its count) goes on.
-            Some(o) => {
-                o.cause = cause;
-                o.failures += 1;
-                o.logged = now;
-                Report::New
-            }
-            None => {
-                self.open.insert(
-                    what,
-                    Open {
-                        cause,
-                        since: now,
-                        failures: 1,
-                        logged: now,
-                    },
-                );
-                Report::New
-            }
-        }
-    }
-
-    /// Records that a failure of `what` with `cause` was already logged
-    /// under another name (the lost session whose reconnection now fails
-    /// the same way), so its repeats stay quiet.
-    pub fn already_logged(&mut self, what: &'static str, cause: Cause, now: Instant) {
-        self.open.insert(
-            what,
-            Open {
-                cause,
-                since: now,
-                failures: 0,
-                logged: now,
-            },
-        );
-    }
-
-    /// Records a success of `what`. When it was failing: how many times
-    /// and for how long, for one line saying it works again.
-    pub fn succeeded(&mut self, what: &'static str, now: Instant) -> Option<(u64, Duration)> {
-        self.open
-            .remove(what)
-            .map(|o| (o.failures, now.saturating_duration_since(o.since)))
-    }
-}
+/// Which failures to log: the shared incident policy, keyed by what
+/// failed (`connect` or a query name) with this module's causes.
+pub type Failures = crate::events::Incidents<&'static str, Cause>;
+pub use crate::events::{LOG_REPEAT, Report};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn sqlstates_map_to_a_few_causes() {

@@ -13,11 +13,12 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::events::{Incidents, Report};
 use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
 use crate::probe::state::VolumeState;
-use crate::probe::{IoFailure, Rng};
+use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, Phase};
 
 /// A stop signal probe threads can sleep on.
@@ -81,8 +82,7 @@ pub fn spawn(
             state,
             stop,
             rng: Rng::seeded(),
-            last_error_log: None,
-            failing: [0; 2],
+            incidents: Incidents::default(),
         }
         .run();
     })
@@ -93,10 +93,8 @@ struct Runner {
     state: Arc<VolumeState>,
     stop: Arc<Stop>,
     rng: Rng,
-    last_error_log: Option<Instant>,
-    /// Failures in a row of the commit probe (0) and the read probe (1),
-    /// so the first success after them can be said once.
-    failing: [u64; 2],
+    /// Failing probes, for one log line per incident (not per probe).
+    incidents: Incidents<&'static str, Cause>,
 }
 
 struct Prepared {
@@ -108,7 +106,6 @@ struct Prepared {
 
 const SETUP_BACKOFF_START: Duration = Duration::from_secs(5);
 const SETUP_BACKOFF_MAX: Duration = Duration::from_secs(300);
-const ERROR_LOG_EVERY: Duration = Duration::from_secs(60);
 /// How often the held probe files are compared with their names. Two stat
 /// calls, no data IO; a few seconds bounds how long a replaced or deleted
 /// file goes unnoticed without adding metadata traffic (a GETATTR on NFS)
@@ -539,33 +536,38 @@ impl Runner {
         }
     }
 
-    fn probe_slot(op: Op) -> usize {
+    /// The incident key of an op: a commit's write and sync failures are
+    /// one incident with the commit's.
+    fn incident(op: Op) -> &'static str {
         match op {
-            Op::Read => 1,
-            Op::Write | Op::Sync | Op::Commit => 0,
+            Op::Read => "read",
+            Op::Write | Op::Sync | Op::Commit => "commit",
         }
     }
 
     /// Ends a run of failures with one line, so the log shows when a fault
     /// cleared and not only when it began.
     fn succeeded(&mut self, op: Op) {
-        let slot = &mut self.failing[Self::probe_slot(op)];
-        if *slot > 0 {
-            tracing::info!(volume = %self.cfg.name, probe = %op, failures = *slot, "probe succeeds again");
-            *slot = 0;
+        if let Some((failures, lasted)) =
+            self.incidents.succeeded(Self::incident(op), Instant::now())
+        {
+            tracing::info!(volume = %self.cfg.name, probe = %op, failures, lasted = ?lasted, "probe succeeds again");
         }
     }
 
     fn failed(&mut self, f: IoFailure) {
-        self.failing[Self::probe_slot(f.op)] += 1;
         self.state.counts.error(f.op.as_str(), f.cause.label());
-        let now = Instant::now();
-        if self
-            .last_error_log
-            .is_none_or(|t| now.duration_since(t) >= ERROR_LOG_EVERY)
+        match self
+            .incidents
+            .failed(Self::incident(f.op), f.cause, Instant::now())
         {
-            self.last_error_log = Some(now);
-            tracing::warn!(volume = %self.cfg.name, error = %f, "probe failed (further failures logged at most once a minute; all are counted in pgstorage_probe_errors_total)");
+            Report::New => {
+                tracing::warn!(volume = %self.cfg.name, error = %f, "probe failed (repeats are counted in pgstorage_probe_errors_total and logged again every 5 minutes while they last)")
+            }
+            Report::Again { failures } => {
+                tracing::warn!(volume = %self.cfg.name, error = %f, failures, "probe still failing")
+            }
+            Report::Quiet => {}
         }
     }
 }

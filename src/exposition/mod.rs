@@ -6,7 +6,6 @@ pub mod buckets;
 pub mod config;
 pub mod derived;
 pub mod limits;
-pub mod postgres;
 pub mod probe;
 pub mod text;
 
@@ -66,12 +65,14 @@ impl Metrics {
         let probe = probe::ProbeMetrics::register(&mut registry);
         let config = config::ConfigMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
+        let clusters = Arc::new(ClusterSet::default());
+        registry.register_collector(Box::new(Postgres(clusters.clone())));
         let volumes = VolumeSet::new(window, probe, roots);
         (
             Metrics {
                 registry,
                 volumes: volumes.clone(),
-                clusters: Arc::new(ClusterSet::default()),
+                clusters,
                 limits: Arc::new(LimitsState::default()),
                 config,
             },
@@ -111,18 +112,30 @@ impl Metrics {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
                 derived::encode(&mut out, &snaps, &clusters, &limits);
-                postgres::encode(&mut out, format, &clusters);
                 limits::encode(&mut out, format, &limits);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
                 derived::encode(&mut out, &snaps, &clusters, &limits);
-                postgres::encode(&mut out, format, &clusters);
                 limits::encode(&mut out, format, &limits);
             }
         }
         Ok(out)
+    }
+}
+
+/// The `pgstorage_pg_*` families, from the clusters' latest snapshots
+/// (taken at encode time, like every collector's).
+#[derive(Debug)]
+struct Postgres(Arc<ClusterSet>);
+
+impl prometheus_client::collector::Collector for Postgres {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        crate::postgres::views::encode(&mut encoder, &self.0.snapshots())
     }
 }
 

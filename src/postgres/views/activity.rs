@@ -54,7 +54,7 @@ const SQL: &str = "SELECT CASE WHEN backend_type IS NOT NULL THEN wait_event_typ
 /// `pg_has_role(..., 'USAGE')` checks; a superuser passes).
 const SQL_SEES_ALL: &str = "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')";
 
-/// Takes one sample (see [`SQL`]).
+/// Takes one sample (the query and its hidden rows: `SQL`).
 pub async fn sample(c: Db<'_>) -> QResult<WaitSample> {
     let rows = c.query(SQL, &[]).await?;
     let mut sample = WaitSample::default();
@@ -70,7 +70,7 @@ pub async fn sample(c: Db<'_>) -> QResult<WaitSample> {
     Ok(sample)
 }
 
-/// See [`SQL_SEES_ALL`].
+/// Whether this role sees every backend (see `SQL_SEES_ALL`).
 pub async fn sees_all_backends(c: Db<'_>) -> QResult<bool> {
     let row = c.query_one(SQL_SEES_ALL, &[]).await?;
     Ok(row.try_get(0)?)
@@ -99,7 +99,7 @@ pub struct WaitTotals {
     /// Backends waiting in the latest sample, per wait_event_type.
     pub now: BTreeMap<String, u64>,
     /// Backends whose wait state the role could not see in the latest
-    /// sample (see [`SQL`]); `None` before the first sample of a
+    /// sample (see `SQL`); `None` before the first sample of a
     /// session.
     pub hidden: Option<u64>,
     last: Option<Instant>,

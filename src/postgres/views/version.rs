@@ -13,9 +13,9 @@ use crate::postgres::db::{Db, QResult};
 pub const OLDEST: u32 = 14_00_00;
 
 /// The newest version whose views are known. A newer server is read with
-/// the queries of this one (PostgreSQL rarely removes statistics columns
-/// without notice, and a removed one fails its query with `undefined`,
-/// which is counted, not fatal).
+/// the queries of this one: a view or column it no longer has fails that
+/// one query with SQLSTATE 42P01 or 42703, counted as `undefined` while the
+/// other views are still read.
 pub const NEWEST: u32 = 18_00_00;
 
 /// The version in the form the gates compare (`server_version_num`,

@@ -13,11 +13,9 @@ pub mod config;
 pub mod derived;
 pub mod health;
 pub mod limits;
-pub mod postgres;
 pub mod probe;
 pub mod process;
 pub mod summary;
-pub mod text;
 
 use std::sync::Arc;
 
@@ -139,14 +137,12 @@ impl Metrics {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
                 prometheus_client::encoding::text::encode_registry(&mut out, &scrape)?;
                 summary::encode(&mut out, &snap.volumes);
-                postgres::encode(&mut out, format, &snap.clusters);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &scrape)?;
                 summary::encode(&mut out, &snap.volumes);
-                postgres::encode(&mut out, format, &snap.clusters);
             }
         }
         Ok(out)
@@ -162,6 +158,7 @@ impl Collector for Scrape {
         let s = &self.0;
         probe::encode(&mut enc, &s.volumes)?;
         derived::encode(&mut enc, &s.volumes, &s.clusters, &s.limits)?;
+        crate::postgres::views::encode(&mut enc, &s.clusters)?;
         limits::encode(&mut enc, &s.limits)?;
         health::encode(&mut enc, s)
     }

@@ -8,12 +8,12 @@
 //! The session is read-only (`default_transaction_read_only = on`): the
 //! exporter never writes to PostgreSQL.
 
+pub mod db;
 pub mod discovery;
 pub mod dsn;
 pub mod failure;
-pub mod queries;
 pub mod tls;
-pub mod waits;
+pub mod views;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -22,10 +22,15 @@ use std::time::{Duration, Instant};
 
 use crate::model::ceiling::mean_sync_seconds;
 use crate::types::SyncMethod;
+use db::{Db, QResult};
 use dsn::Target;
 use failure::{Cause, ConnectFailure, Failures, QueryError, Report};
-use queries::{Checkpoints, Db, IoRow, QResult, Setting, WalStats};
-use waits::WaitTotals;
+use views::activity::WaitTotals;
+use views::checkpoints::Checkpoints;
+use views::database::Transactions;
+use views::io::IoRow;
+use views::settings::Setting;
+use views::wal::WalStats;
 
 /// A cluster to watch, validated.
 #[derive(Clone)]
@@ -60,8 +65,7 @@ pub struct PgStats {
     pub settings: Vec<Setting>,
     pub io: Option<Vec<IoRow>>,
     pub wal: Option<WalStats>,
-    pub commits: Option<f64>,
-    pub rollbacks: Option<f64>,
+    pub transactions: Option<Transactions>,
     pub checkpoints: Option<Checkpoints>,
 }
 
@@ -416,16 +420,16 @@ impl Session<'_> {
             ))
             .await
             .map_err(setup)?;
-        let version = queries::version(self.db).await.map_err(setup)?;
-        if version.0 < 140000 {
+        let version = views::version::read(self.db).await.map_err(setup)?;
+        if version.0 < views::version::OLDEST {
             tracing::error!(cluster = %cfg.name, version = %version.1, "PostgreSQL older than 14 is not supported: WAL, checkpoint and pg_stat_io statistics are not read");
-        } else if version.0 >= 190000 {
+        } else if views::version::newer_than_known(version.0) {
             tracing::info!(cluster = %cfg.name, version = %version.1, "newer than 18: using the PostgreSQL 18 queries");
         }
         self.state.with(|i| i.snap.version = Some(version.clone()));
         // Whether this role sees every backend: logged by the caller, after
         // the line saying it connected.
-        let all = match queries::sees_all_backends(self.db).await {
+        let all = match views::activity::sees_all_backends(self.db).await {
             Ok(all) => Some(all),
             Err(e) if e.ends_session() => return Err(setup(e)),
             Err(e) => {
@@ -460,7 +464,7 @@ impl Session<'_> {
                     self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
                 }
                 _ = sample.tick() => {
-                    let r = queries::waits(self.db).await;
+                    let r = views::activity::sample(self.db).await;
                     if let Some(s) = self.keep("waits", r)? {
                         let interval = cfg.wait_sampling_interval;
                         self.state.with(|i| {
@@ -522,51 +526,27 @@ impl Session<'_> {
 
     async fn scrape_once(&mut self, version: u32) -> Result<PgStats, Lost> {
         let db = self.db;
-        let r = queries::settings(db).await;
+        let r = views::settings::read(db).await;
         let settings = self.keep("settings", r)?.unwrap_or_default();
         let on = |n: &str| settings.iter().any(|s| s.name == n && s.value == "on");
-        let r = queries::io(db, version).await;
+        let r = views::io::read(db, version).await;
         let io = self.keep("io", r)?.flatten();
         let wal_timing = on("track_wal_io_timing");
-        let r = queries::wal(db, version, wal_timing).await;
+        let r = views::wal::read(db, version, wal_timing).await;
         let wal = self.keep("wal", r)?.flatten();
-        let r = queries::commits(db).await;
-        let (commits, rollbacks) = self.keep("database", r)?.unwrap_or((None, None));
-        let checkpoints = if version >= 140000 {
-            let r = queries::checkpoints(db, version).await;
-            self.keep("checkpoints", r)?
-        } else {
-            None
-        };
-        let io = io.map(|rows| strip_untimed(rows, on("track_io_timing"), wal_timing));
+        let r = views::database::read(db).await;
+        let transactions = self.keep("database", r)?;
+        let r = views::checkpoints::read(db, version).await;
+        let checkpoints = self.keep("checkpoints", r)?.flatten();
+        let io = io.map(|rows| views::io::strip_untimed(rows, on("track_io_timing"), wal_timing));
         Ok(PgStats {
             settings,
             io,
             wal,
-            commits,
-            rollbacks,
+            transactions,
             checkpoints,
         })
     }
-}
-
-/// With timing off PostgreSQL reports 0 ms, not NULL: drop those times so
-/// they are absent rather than a false zero. WAL rows follow
-/// track_wal_io_timing, all others track_io_timing.
-fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) -> Vec<IoRow> {
-    for r in &mut rows {
-        let timed = if r.object == "wal" {
-            wal_timing
-        } else {
-            io_timing
-        };
-        if !timed {
-            for op in &mut r.ops {
-                op.seconds = None;
-            }
-        }
-    }
-    rows
 }
 
 /// What volume discovery needs from a cluster, read over its connection.
@@ -603,7 +583,7 @@ impl Session<'_> {
             tracing::warn!(cluster = %cfg.name, "data_directory is not visible to this role (grant pg_monitor); volume discovery skipped");
             return Ok(true);
         };
-        let r = queries::tablespaces(self.db).await;
+        let r = views::tablespaces::read(self.db).await;
         let tablespaces = self.keep("tablespaces", r)?.unwrap_or_default();
         let sync_method = match stats.settings.iter().find(|s| s.name == "wal_sync_method") {
             Some(s) => SyncMethod::parse(&s.value).unwrap_or_else(|| {

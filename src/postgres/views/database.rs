@@ -1,0 +1,88 @@
+//! pg_stat_database: transactions committed and rolled back, summed over
+//! all databases: commits are what the WAL syncs serve, whichever database
+//! they were in. xact_commit and xact_rollback are the same in every
+//! supported version.
+
+use std::fmt;
+
+use crate::families::Encoder;
+use crate::postgres::ClusterSnapshot;
+use crate::postgres::db::{Db, QResult, float};
+
+use super::cluster_counter;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Transactions {
+    pub commits: Option<f64>,
+    pub rollbacks: Option<f64>,
+}
+
+const SQL: &str =
+    "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8 FROM pg_stat_database";
+
+pub async fn read(c: Db<'_>) -> QResult<Transactions> {
+    let r = c.query_one(SQL, &[]).await?;
+    Ok(Transactions {
+        commits: float(&r, 0),
+        rollbacks: float(&r, 1),
+    })
+}
+
+fn transactions(c: &ClusterSnapshot) -> Option<&Transactions> {
+    c.stats.as_ref()?.transactions.as_ref()
+}
+
+pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+    cluster_counter(
+        enc,
+        "pgstorage_pg_commits",
+        "Transactions committed in all databases (pg_stat_database.xact_commit)",
+        clusters,
+        |c| transactions(c)?.commits,
+    )?;
+    cluster_counter(
+        enc,
+        "pgstorage_pg_rollbacks",
+        "Transactions rolled back in all databases (pg_stat_database.xact_rollback)",
+        clusters,
+        |c| transactions(c)?.rollbacks,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::PgStats;
+    use crate::postgres::views::render;
+
+    #[test]
+    fn commits_and_rollbacks_per_cluster() {
+        let up = ClusterSnapshot {
+            name: "a".into(),
+            up: true,
+            stats: Some(PgStats {
+                transactions: Some(Transactions {
+                    commits: Some(5.0),
+                    rollbacks: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let down = ClusterSnapshot {
+            name: "b".into(),
+            ..Default::default()
+        };
+        let out = render(&[up, down], encode);
+        assert!(
+            out.contains("pgstorage_pg_commits_total{cluster=\"a\"} 5.0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("# TYPE pgstorage_pg_rollbacks_total counter\n"),
+            "{out}"
+        );
+        assert!(!out.contains("pgstorage_pg_rollbacks_total{"), "{out}");
+        assert!(!out.contains("cluster=\"b\""), "{out}");
+    }
+}

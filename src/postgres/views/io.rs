@@ -1,0 +1,230 @@
+//! pg_stat_io: IO operations, their time and bytes by backend type, object
+//! and context.
+//!
+//! pg_stat_io exists from 16. In 16 and 17 bytes are operations × op_bytes
+//! (BLCKSZ for every row that has bytes); 18 dropped op_bytes for
+//! read_bytes, write_bytes and extend_bytes, because WAL rows (new in 18,
+//! object 'wal') move variable amounts.
+
+use std::fmt;
+
+use crate::families::{self, Encoder};
+use crate::postgres::ClusterSnapshot;
+use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
+
+/// One row of pg_stat_io.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IoRow {
+    pub backend_type: String,
+    pub object: String,
+    pub context: String,
+    /// read, write, writeback, extend, hit, eviction, reuse, fsync.
+    pub ops: Vec<IoOp>,
+}
+
+/// One op column group of a pg_stat_io row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IoOp {
+    pub op: &'static str,
+    pub count: Option<f64>,
+    pub seconds: Option<f64>,
+    pub bytes: Option<f64>,
+}
+
+fn op(op: &'static str, count: Option<f64>, seconds: Option<f64>, bytes: Option<f64>) -> IoOp {
+    IoOp {
+        op,
+        count,
+        seconds,
+        bytes,
+    }
+}
+
+/// The query for a server version; `None` before 16, which has no
+/// pg_stat_io. Columns 16, 17 and 18 are the read, write and extend bytes.
+pub fn sql(version: u32) -> Option<String> {
+    if version < 16_00_00 {
+        return None;
+    }
+    let bytes = if version >= 18_00_00 {
+        "read_bytes::float8, write_bytes::float8, extend_bytes::float8"
+    } else {
+        "(reads * op_bytes)::float8, (writes * op_bytes)::float8, (extends * op_bytes)::float8"
+    };
+    Some(format!(
+        "SELECT backend_type, object, context, \
+         reads::float8, read_time::float8, writes::float8, write_time::float8, \
+         writebacks::float8, writeback_time::float8, extends::float8, extend_time::float8, \
+         hits::float8, evictions::float8, reuses::float8, fsyncs::float8, fsync_time::float8, {bytes} \
+         FROM pg_stat_io"
+    ))
+}
+
+/// The rows of pg_stat_io; `None` on a server without it.
+pub async fn read(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>> {
+    let Some(sql) = sql(version) else {
+        return Ok(None);
+    };
+    let rows = c.query(&sql, &[]).await?;
+    let ms = ms_to_seconds;
+    Ok(Some(
+        rows.iter()
+            .filter_map(|r| {
+                let f = |i| float(r, i);
+                Some(IoRow {
+                    backend_type: r.try_get(0).ok()?,
+                    object: r.try_get(1).ok()?,
+                    context: r.try_get(2).ok()?,
+                    ops: vec![
+                        op("read", f(3), ms(f(4)), f(16)),
+                        op("write", f(5), ms(f(6)), f(17)),
+                        op("writeback", f(7), ms(f(8)), None),
+                        op("extend", f(9), ms(f(10)), f(18)),
+                        op("hit", f(11), None, None),
+                        op("eviction", f(12), None, None),
+                        op("reuse", f(13), None, None),
+                        op("fsync", f(14), ms(f(15)), None),
+                    ],
+                })
+            })
+            .collect(),
+    ))
+}
+
+/// With timing off PostgreSQL reports 0 ms, not NULL: drop those times so
+/// they are absent rather than a false zero. WAL rows follow
+/// track_wal_io_timing, all others track_io_timing.
+pub fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) -> Vec<IoRow> {
+    for r in &mut rows {
+        let timed = if r.object == "wal" {
+            wal_timing
+        } else {
+            io_timing
+        };
+        if !timed {
+            for op in &mut r.ops {
+                op.seconds = None;
+            }
+        }
+    }
+    rows
+}
+
+pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+    type Get = fn(&IoOp) -> Option<f64>;
+    let families: [(&str, Get, &str); 3] = [
+        (
+            "pgstorage_pg_io_operations",
+            |o| o.count,
+            "IO operations by backend type, object and context from pg_stat_io (16+); op = read, write, writeback, extend, hit, eviction, reuse, fsync",
+        ),
+        (
+            "pgstorage_pg_io_seconds",
+            |o| o.seconds,
+            "Seconds spent in IO operations from pg_stat_io (16+); absent while track_io_timing (track_wal_io_timing for object=wal) is off",
+        ),
+        (
+            "pgstorage_pg_io_bytes",
+            |o| o.bytes,
+            "Bytes moved by IO operations from pg_stat_io: *_bytes columns from 18, operations × op_bytes in 16 and 17",
+        ),
+    ];
+    for (base, get, help) in families {
+        families::counter(
+            enc,
+            base,
+            help,
+            clusters.iter().flat_map(|c| {
+                let rows = c.stats.iter().flat_map(|s| s.io.iter().flatten());
+                rows.flat_map(move |r| {
+                    r.ops.iter().filter_map(move |o| {
+                        Some((
+                            [
+                                ("cluster", c.name.as_str()),
+                                ("backend_type", r.backend_type.as_str()),
+                                ("object", r.object.as_str()),
+                                ("context", r.context.as_str()),
+                                ("op", o.op),
+                            ],
+                            get(o)?,
+                        ))
+                    })
+                })
+            }),
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::PgStats;
+    use crate::postgres::views::render;
+
+    #[test]
+    fn version_gate() {
+        assert_eq!(sql(150007), None);
+        let v16 = sql(160000).unwrap_or_default();
+        assert!(
+            v16.contains("op_bytes") && !v16.contains("read_bytes"),
+            "{v16}"
+        );
+        let v17 = sql(170004).unwrap_or_default();
+        assert!(v17.contains("op_bytes"), "{v17}");
+        let v18 = sql(180000).unwrap_or_default();
+        assert!(
+            v18.contains("read_bytes") && !v18.contains("op_bytes"),
+            "{v18}"
+        );
+    }
+
+    fn row(object: &str, seconds: Option<f64>) -> IoRow {
+        IoRow {
+            backend_type: "client backend".into(),
+            object: object.into(),
+            context: "normal".into(),
+            ops: vec![
+                op("read", Some(2.0), seconds, Some(16384.0)),
+                op("hit", Some(9.0), None, None),
+            ],
+        }
+    }
+
+    #[test]
+    fn untimed_rows_lose_their_times() {
+        let rows = vec![row("relation", Some(0.0)), row("wal", Some(0.5))];
+        let got = strip_untimed(rows.clone(), false, true);
+        assert_eq!(got[0].ops[0].seconds, None);
+        assert_eq!(got[1].ops[0].seconds, Some(0.5));
+        let got = strip_untimed(rows, true, false);
+        assert_eq!(got[0].ops[0].seconds, Some(0.0));
+        assert_eq!(got[1].ops[0].seconds, None);
+    }
+
+    #[test]
+    fn one_series_per_op_that_has_the_figure() {
+        let c = ClusterSnapshot {
+            name: "c".into(),
+            up: true,
+            stats: Some(PgStats {
+                io: Some(vec![row("relation", None)]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let out = render(&[c], encode);
+        let labels =
+            "cluster=\"c\",backend_type=\"client backend\",object=\"relation\",context=\"normal\"";
+        for want in [
+            format!("pgstorage_pg_io_operations_total{{{labels},op=\"read\"}} 2.0\n"),
+            format!("pgstorage_pg_io_operations_total{{{labels},op=\"hit\"}} 9.0\n"),
+            format!("pgstorage_pg_io_bytes_total{{{labels},op=\"read\"}} 16384.0\n"),
+            "# TYPE pgstorage_pg_io_seconds_total counter\n".to_string(),
+        ] {
+            assert!(out.contains(&want), "{want} missing from:\n{out}");
+        }
+        assert!(!out.contains("pgstorage_pg_io_seconds_total{"), "{out}");
+        assert!(!out.contains("op=\"hit\"}} 0"), "{out}");
+    }
+}

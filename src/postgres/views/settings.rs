@@ -1,0 +1,222 @@
+//! pg_settings: the settings that decide how PostgreSQL does IO, as the
+//! server shows them and in base units.
+//!
+//! The same query serves every version: a setting the server does not have
+//! (io_method exists from 18) is simply not returned.
+
+use std::fmt;
+
+use crate::families::{self, Encoder};
+use crate::postgres::ClusterSnapshot;
+use crate::postgres::db::{Db, QResult};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting {
+    pub name: String,
+    pub value: String,
+    /// In base units (bytes, seconds), booleans as 0/1; `None` for enums
+    /// and strings.
+    pub numeric: Option<f64>,
+}
+
+/// Settings that decide how PostgreSQL does IO. data_directory and port
+/// are read for volume discovery and the IO limits, not exported.
+pub const SETTINGS: &[&str] = &[
+    "wal_sync_method",
+    "synchronous_commit",
+    "fsync",
+    "full_page_writes",
+    "wal_compression",
+    "track_io_timing",
+    "track_wal_io_timing",
+    "shared_buffers",
+    "io_method",
+    "commit_delay",
+    "commit_siblings",
+    "max_wal_size",
+    "wal_buffers",
+    "data_directory",
+    "port",
+];
+
+const SQL: &str =
+    "SELECT name, setting, unit, vartype FROM pg_settings WHERE name = ANY($1) ORDER BY name";
+
+/// Settings exported as values: everything but the paths.
+pub fn exported_setting(name: &str) -> bool {
+    name != "data_directory" && name != "port"
+}
+
+/// Converts a pg_settings value to base units.
+pub fn numeric_setting(setting: &str, unit: Option<&str>, vartype: &str) -> Option<f64> {
+    match vartype {
+        "bool" => Some(if setting == "on" { 1.0 } else { 0.0 }),
+        "integer" | "real" => {
+            let v: f64 = setting.parse().ok()?;
+            let mult = match unit.unwrap_or("") {
+                "" => 1.0,
+                "B" => 1.0,
+                "kB" => 1024.0,
+                "8kB" => 8192.0,
+                "16kB" => 16384.0,
+                "MB" => 1024.0 * 1024.0,
+                "GB" => 1024.0 * 1024.0 * 1024.0,
+                // Divide rather than multiply by 1e-6: exact for whole values.
+                "us" => return Some(v / 1e6),
+                "ms" => return Some(v / 1e3),
+                "s" => 1.0,
+                "min" => 60.0,
+                "h" => 3600.0,
+                "d" => 86400.0,
+                _ => return None,
+            };
+            Some(v * mult)
+        }
+        _ => None,
+    }
+}
+
+pub async fn read(c: Db<'_>) -> QResult<Vec<Setting>> {
+    let names: Vec<String> = SETTINGS.iter().map(|s| s.to_string()).collect();
+    let rows = c.query(SQL, &[&names]).await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            let name: String = r.try_get(0).ok()?;
+            let value: String = r.try_get::<_, Option<String>>(1).ok()??;
+            let unit: Option<String> = r.try_get(2).ok()?;
+            let vartype: String = r.try_get(3).ok()?;
+            // pg_settings gives commit_delay no unit; it is microseconds.
+            let unit = if name == "commit_delay" && unit.is_none() {
+                Some("us".to_string())
+            } else {
+                unit
+            };
+            let numeric = numeric_setting(&value, unit.as_deref(), &vartype);
+            Some(Setting {
+                name,
+                value,
+                numeric,
+            })
+        })
+        .collect())
+}
+
+/// The settings a cluster's last scrape read; none while it is down.
+fn exported(c: &ClusterSnapshot) -> impl Iterator<Item = &Setting> {
+    c.stats
+        .iter()
+        .flat_map(|s| &s.settings)
+        .filter(|s| exported_setting(&s.name))
+}
+
+pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+    families::gauge(
+        enc,
+        "pgstorage_pg_setting",
+        "IO-relevant settings with a numeric value, in base units (bytes, seconds; booleans 1/0)",
+        clusters.iter().flat_map(|c| {
+            exported(c).filter_map(|s| {
+                Some((
+                    [("cluster", c.name.as_str()), ("name", s.name.as_str())],
+                    s.numeric?,
+                ))
+            })
+        }),
+    )?;
+    families::gauge(
+        enc,
+        "pgstorage_pg_setting_info",
+        "Always 1: IO-relevant settings as PostgreSQL shows them (wal_sync_method, synchronous_commit, io_method, ...)",
+        clusters.iter().flat_map(|c| {
+            exported(c).map(|s| {
+                (
+                    [
+                        ("cluster", c.name.as_str()),
+                        ("name", s.name.as_str()),
+                        ("value", s.value.as_str()),
+                    ],
+                    1.0,
+                )
+            })
+        }),
+    )?;
+    families::gauge(
+        enc,
+        "pgstorage_pg_io_timing_enabled",
+        "1 when PostgreSQL times IO (setting=track_io_timing) or WAL IO (setting=track_wal_io_timing); while 0 the matching *_seconds_total series are absent",
+        clusters.iter().flat_map(|c| {
+            ["track_io_timing", "track_wal_io_timing"]
+                .into_iter()
+                .filter_map(|name| {
+                    let on = c.setting(name)?.value == "on";
+                    Some((
+                        [("cluster", c.name.as_str()), ("setting", name)],
+                        if on { 1.0 } else { 0.0 },
+                    ))
+                })
+        }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::PgStats;
+    use crate::postgres::views::render;
+
+    #[test]
+    fn settings_in_base_units() {
+        let cases = [
+            ("16384", Some("8kB"), "integer", Some(134_217_728.0)),
+            ("1024", Some("MB"), "integer", Some(1_073_741_824.0)),
+            ("0", None, "integer", Some(0.0)),
+            ("10", Some("us"), "integer", Some(1e-5)),
+            ("on", None, "bool", Some(1.0)),
+            ("off", None, "bool", Some(0.0)),
+            ("fdatasync", None, "enum", None),
+            ("3", Some("parsecs"), "integer", None),
+        ];
+        for (s, unit, t, want) in cases {
+            assert_eq!(numeric_setting(s, unit, t), want, "{s} {unit:?}");
+        }
+    }
+
+    fn setting(name: &str, value: &str, numeric: Option<f64>) -> Setting {
+        Setting {
+            name: name.into(),
+            value: value.into(),
+            numeric,
+        }
+    }
+
+    #[test]
+    fn paths_are_read_not_exported() {
+        let c = ClusterSnapshot {
+            name: "c".into(),
+            up: true,
+            stats: Some(PgStats {
+                settings: vec![
+                    setting("data_directory", "/srv/pg", None),
+                    setting("port", "5432", Some(5432.0)),
+                    setting("track_io_timing", "off", Some(0.0)),
+                    setting("wal_sync_method", "fdatasync", None),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let out = render(&[c], encode);
+        assert!(!out.contains("/srv/pg") && !out.contains("5432"), "{out}");
+        for want in [
+            "pgstorage_pg_setting{cluster=\"c\",name=\"track_io_timing\"} 0.0\n",
+            "pgstorage_pg_setting_info{cluster=\"c\",name=\"wal_sync_method\",value=\"fdatasync\"} 1.0\n",
+            "pgstorage_pg_io_timing_enabled{cluster=\"c\",setting=\"track_io_timing\"} 0.0\n",
+        ] {
+            assert!(out.contains(want), "{want} missing from:\n{out}");
+        }
+        // A string setting has no numeric series; an unread one no timing.
+        assert!(!out.contains("pgstorage_pg_setting{cluster=\"c\",name=\"wal_sync_method\""));
+        assert!(!out.contains("setting=\"track_wal_io_timing\""), "{out}");
+    }
+}

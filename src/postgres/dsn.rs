@@ -361,19 +361,11 @@ fn parse_url(s: &str) -> Result<BTreeMap<String, String>, DsnError> {
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn os_user() -> Option<String> {
-    // SAFETY: getpwuid returns a pointer into static storage or NULL; we
-    // copy the name out immediately and use it from this thread only.
-    unsafe {
-        let pw = libc::getpwuid(libc::geteuid());
-        if pw.is_null() || (*pw).pw_name.is_null() {
-            return None;
-        }
-        Some(
-            std::ffi::CStr::from_ptr((*pw).pw_name)
-                .to_string_lossy()
-                .into_owned(),
-        )
-    }
+    // The effective user's name, looked up with getpwuid_r (getpwuid's
+    // static buffer is shared by all threads).
+    whoami::username_os()
+        .ok()
+        .map(|n| n.to_string_lossy().into_owned())
 }
 
 /// Builds a connection target from a DSN, libpq's environment variables for

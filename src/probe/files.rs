@@ -797,6 +797,51 @@ mod tests {
         pd.remove_all();
     }
 
+    /// The open flags of `f` as the kernel sees them (octal in fdinfo).
+    fn open_flags(f: &File) -> i32 {
+        use std::os::fd::AsRawFd;
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", f.as_raw_fd())).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .unwrap()
+            .trim();
+        i32::from_str_radix(flags, 8).unwrap()
+    }
+
+    #[test]
+    fn probe_files_are_opened_with_exactly_the_flags_their_method_implies() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pd = ProbeDir::open(&tmp.path().join("probe")).unwrap();
+        // O_SYNC includes the O_DSYNC bit: open_datasync must have that bit
+        // alone, or its probes would also wait for metadata.
+        let sync_only = libc::O_SYNC & !libc::O_DSYNC;
+        for (method, dsync, sync) in [
+            (SyncMethod::Fdatasync, false, false),
+            (SyncMethod::Fsync, false, false),
+            (SyncMethod::OpenDatasync, true, false),
+            (SyncMethod::OpenSync, true, true),
+        ] {
+            pd.clear().unwrap();
+            let w = pd.create_wal_file(1 << 20, method, 0).unwrap();
+            let fl = open_flags(&w);
+            assert_eq!(fl & libc::O_ACCMODE, libc::O_RDWR, "{method:?}");
+            assert_eq!(fl & libc::O_DSYNC != 0, dsync, "{method:?}: {fl:o}");
+            assert_eq!(fl & sync_only != 0, sync, "{method:?}: {fl:o}");
+            assert_ne!(fl & libc::O_CLOEXEC, 0, "{method:?}");
+        }
+        match pd.create_read_file(1 << 20, 0) {
+            Ok(r) => {
+                let fl = open_flags(&r);
+                assert_eq!(fl & libc::O_ACCMODE, libc::O_RDONLY);
+                assert_ne!(fl & libc::O_DIRECT, 0, "{fl:o}");
+            }
+            // tmpfs and a few others refuse O_DIRECT.
+            Err(e) => assert_eq!(e.label(), "no_direct_io", "{e}"),
+        }
+        assert!(pd.remove_all().is_empty());
+    }
+
     #[test]
     fn aligned_buffer_is_aligned() {
         let b = AlignedBuf::new();

@@ -10,11 +10,15 @@
 //!   into a read's buffer at some time between the submission and the
 //!   completion, outside of anything the borrow checker sees, so the buffer
 //!   must stay allocated and unused by anyone else until the completion has
-//!   been reaped. Both types own their buffers and only let them go once no
-//!   read on them can still be in flight; when that cannot be known (the
-//!   ring failed mid-operation, or the owner is dropped with reads pending,
-//!   as a probe thread blocked on a hung network volume never returns), the
-//!   ring and the buffers are leaked, never freed.
+//!   been reaped. Both types own their buffers, each its own heap
+//!   allocation (moving the owner never moves a buffer), and only let them
+//!   go once no read on them can still be in flight; when that cannot be
+//!   known (the ring failed mid-operation, or the owner is dropped with
+//!   reads pending), the ring and the buffers are leaked, never freed. A
+//!   read hung on a stalled (network) volume keeps its thread inside the
+//!   call, holding the buffer: the wait cannot be interrupted, so the
+//!   daemon counts the timeout and abandons the thread rather than free
+//!   anything it holds.
 //! - [`catch_interrupts`]: SIGINT/SIGTERM handlers that only set a flag.
 //!
 //! [`AlignedBuf`], the `O_DIRECT` buffer these reads use, needs no `unsafe`
@@ -59,6 +63,8 @@ impl<const N: usize> AlignedBuf<N> {
     pub const ALIGN: usize = DIRECT_IO_ALIGN;
 
     pub fn new() -> AlignedBuf<N> {
+        // An SQE carries a read's length as a u32.
+        const { assert!(N <= u32::MAX as usize) };
         AlignedBuf(Box::new(Aligned([0; N])))
     }
 
@@ -239,17 +245,20 @@ struct Slot<const N: usize> {
 }
 
 /// An io_uring with `depth` read slots, each with its own `N`-byte
-/// `O_DIRECT` buffer, for many reads in flight at once (the queue-depth
-/// sweep). A slot's buffer belongs to the slot table for as long as the
-/// queue lives, and a slot takes a new read only after the CQE of its
-/// previous one was reaped.
-pub struct UringQueue<const N: usize> {
+/// `O_DIRECT` buffer, for many reads of one file in flight at once (the
+/// queue-depth sweep). A slot's buffer belongs to the slot table for as
+/// long as the queue lives, and a slot takes a new read only after the CQE
+/// of its previous one was reaped.
+pub struct UringQueue<'fd, const N: usize> {
     /// `None` once poisoned: leaked, with the slots.
     ring: Option<IoUring>,
     slots: Vec<Slot<N>>,
+    /// The file every read is of, borrowed for the queue's whole life so
+    /// that it is open whenever [`UringQueue::wait`] submits a read.
+    fd: BorrowedFd<'fd>,
 }
 
-impl<const N: usize> std::fmt::Debug for UringQueue<N> {
+impl<const N: usize> std::fmt::Debug for UringQueue<'_, N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UringQueue")
             .field("depth", &self.slots.len())
@@ -259,11 +268,12 @@ impl<const N: usize> std::fmt::Debug for UringQueue<N> {
     }
 }
 
-impl<const N: usize> UringQueue<N> {
-    pub fn new(depth: u32) -> io::Result<UringQueue<N>> {
+impl<'fd, const N: usize> UringQueue<'fd, N> {
+    pub fn new(fd: BorrowedFd<'fd>, depth: u32) -> io::Result<UringQueue<'fd, N>> {
         let ring = IoUring::new(depth.next_power_of_two().max(2))?;
         Ok(UringQueue {
             ring: Some(ring),
+            fd,
             slots: (0..depth)
                 .map(|_| Slot {
                     buf: AlignedBuf::new(),
@@ -285,15 +295,11 @@ impl<const N: usize> UringQueue<N> {
         leak(std::mem::take(&mut self.slots));
     }
 
-    /// Queues a read of `N` bytes at `offset` of `fd` into `slot`'s buffer;
-    /// [`UringQueue::wait`] submits it. Refused for a slot out of range or
-    /// still in flight, a full submission queue and a poisoned ring.
-    pub fn push_read(
-        &mut self,
-        slot: usize,
-        fd: BorrowedFd<'_>,
-        offset: u64,
-    ) -> Result<(), &'static str> {
+    /// Queues a read of `N` bytes at `offset` of the queue's file into
+    /// `slot`'s buffer; [`UringQueue::wait`] submits it. Refused for a slot
+    /// out of range or still in flight, a full submission queue and a
+    /// poisoned ring.
+    pub fn push_read(&mut self, slot: usize, offset: u64) -> Result<(), &'static str> {
         let Some(ring) = self.ring.as_mut() else {
             return Err("io_uring failed earlier");
         };
@@ -304,7 +310,7 @@ impl<const N: usize> UringQueue<N> {
             return Err("slot still in flight");
         }
         let sqe = opcode::Read::new(
-            types::Fd(fd.as_raw_fd()),
+            types::Fd(self.fd.as_raw_fd()),
             s.buf.as_mut_slice().as_mut_ptr(),
             N as u32,
         )
@@ -320,10 +326,9 @@ impl<const N: usize> UringQueue<N> {
         // the ring when `io_uring_enter` fails, and `Drop` leaks both when
         // any slot is still in flight (a sweep abandoned mid-way), so the
         // kernel never writes into freed or reused memory. The descriptor
-        // must be open when `wait` submits the SQE: the caller keeps the
-        // file open for the queue's life (the sweep borrows it throughout),
-        // and had it closed, the read would fail or read another file into
-        // the same owned buffer, never touch other memory.
+        // is borrowed for the queue's life, so it is open when `wait`
+        // submits the SQE; the kernel holds its own reference to the file
+        // from then until the completion.
         unsafe { ring.submission().push(&sqe) }.map_err(|_| "submission queue full")?;
         s.in_flight = true;
         Ok(())
@@ -367,7 +372,7 @@ impl<const N: usize> UringQueue<N> {
     }
 }
 
-impl<const N: usize> Drop for UringQueue<N> {
+impl<const N: usize> Drop for UringQueue<'_, N> {
     fn drop(&mut self) {
         if self.in_flight() > 0 {
             self.poison();
@@ -480,29 +485,26 @@ mod tests {
     #[test]
     fn uring_queue_keeps_many_reads_in_flight_and_frees_slots_when_reaped() {
         let depth = 16u32;
-        let mut q = match UringQueue::<B>::new(depth) {
+        let tmp = tempfile::tempdir().unwrap();
+        let f = open_read(&patterned(tmp.path(), 4));
+        let mut q = match UringQueue::<B>::new(f.as_fd(), depth) {
             Ok(q) => q,
             Err(e) => {
                 eprintln!("io_uring unavailable here ({e}); skipping");
                 return;
             }
         };
-        let tmp = tempfile::tempdir().unwrap();
-        let f = open_read(&patterned(tmp.path(), 4));
         assert!(q.wait().unwrap().is_empty(), "nothing in flight");
         for slot in 0..depth as usize {
-            q.push_read(slot, f.as_fd(), (slot % 4 * B) as u64).unwrap();
+            q.push_read(slot, (slot % 4 * B) as u64).unwrap();
         }
         assert_eq!(q.in_flight(), depth as usize);
         assert_eq!(
-            q.push_read(0, f.as_fd(), 0),
+            q.push_read(0, 0),
             Err("slot still in flight"),
             "a buffer the kernel may be writing is never handed out again"
         );
-        assert_eq!(
-            q.push_read(depth as usize, f.as_fd(), 0),
-            Err("slot out of range")
-        );
+        assert_eq!(q.push_read(depth as usize, 0), Err("slot out of range"));
         let mut seen = 0;
         while q.in_flight() > 0 {
             for (slot, res) in q.wait().unwrap() {
@@ -514,29 +516,33 @@ mod tests {
         }
         assert_eq!(seen, depth);
         // Reaped slots take new reads.
-        q.push_read(3, f.as_fd(), 0).unwrap();
+        q.push_read(3, 0).unwrap();
         let done = q.wait().unwrap();
         assert_eq!(done, vec![(3, B as i32)]);
     }
 
     #[test]
     fn a_queue_dropped_with_reads_in_flight_leaks_instead_of_freeing() {
-        let Ok(mut q) = UringQueue::<B>::new(4) else {
-            return;
-        };
         let tmp = tempfile::tempdir().unwrap();
         let f = open_read(&patterned(tmp.path(), 1));
-        q.push_read(0, f.as_fd(), 0).unwrap();
-        q.push_read(1, f.as_fd(), 0).unwrap();
+        let Ok(mut q) = UringQueue::<B>::new(f.as_fd(), 4) else {
+            return;
+        };
+        q.push_read(0, 0).unwrap();
+        q.push_read(1, 0).unwrap();
         // Dropped with both pending: Drop must leak, not free (under Miri
         // or ASan a free here would show as a use after free once the
         // kernel completes the read).
         drop(q);
-        let Ok(mut q) = UringQueue::<B>::new(4) else {
+        let Ok(mut q) = UringQueue::<B>::new(f.as_fd(), 4) else {
             return;
         };
         q.poison();
-        assert_eq!(q.push_read(0, f.as_fd(), 0), Err("io_uring failed earlier"));
+        assert_eq!(q.push_read(0, 0), Err("io_uring failed earlier"));
+        assert!(
+            q.wait().unwrap().is_empty(),
+            "nothing in flight to wait for"
+        );
     }
 
     #[test]

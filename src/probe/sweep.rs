@@ -49,7 +49,7 @@ fn one_depth(
     // of the ring) leaks them rather than free memory the kernel may still
     // write into.
     let mut queue =
-        UringQueue::<BLOCK_SIZE>::new(depth).map_err(|e| format!("io_uring setup: {e}"))?;
+        UringQueue::<BLOCK_SIZE>::new(fd, depth).map_err(|e| format!("io_uring setup: {e}"))?;
     let mut started = vec![Instant::now(); depth as usize];
     let blocks = (size / BLOCK_SIZE as u64).max(1);
     let mut rng = Rng::seeded();
@@ -64,7 +64,7 @@ fn one_depth(
             *s = Instant::now();
         }
         queue
-            .push_read(slot, fd, rng.below(blocks) * BLOCK_SIZE as u64)
+            .push_read(slot, rng.below(blocks) * BLOCK_SIZE as u64)
             .map_err(str::to_string)
     };
     let mut failed: Option<String> = None;

@@ -443,8 +443,8 @@ impl ProbeDir {
             f.sync_all()?;
             // Drop the pages we just wrote from the page cache: they are not
             // what the probes should find there.
-            // Only advice: a kernel that ignores it leaves the pages cached,
-            // which the read probe's cache-served check then shows.
+            // Advice (len None: to the end of the file); should it fail, the
+            // pages merely stay cached until the kernel evicts them.
             let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
             Ok(())
         })();

@@ -10,7 +10,6 @@
 //! duration).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -83,22 +82,6 @@ pub struct Report {
     pub sweep_plateau_read_iops: Option<f64>,
 }
 
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Ctrl-C or SIGTERM end the run early; the files are still removed.
-fn install_signal_handlers() {
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
-    }
-}
-
 fn new_hist() -> anyhow::Result<Histogram<u64>> {
     // 1 ns .. 1 h, 3 significant digits.
     Histogram::new_with_bounds(1, 3_600_000_000_000, 3).context("creating histogram")
@@ -148,7 +131,8 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
     check_probe_dir(&path, &probe_dir).map_err(|m| anyhow::anyhow!(m))?;
     let fs = fsinfo::lookup(&path, &Roots::default());
     let (mut engine, fallback) = Engine::new(opts.engine)?;
-    install_signal_handlers();
+    // Ctrl-C or SIGTERM end the run early; the files are still removed.
+    crate::sys::catch_interrupts();
 
     let dir = ProbeDir::open(&probe_dir)?;
     let result = measure(opts, &dir, &mut engine);
@@ -192,7 +176,7 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         commit_ceiling_p50_per_second: commit.and_then(|c| commit_ceiling(c.p50)),
         commit_ceiling_p99_per_second: commit.and_then(|c| commit_ceiling(c.p99)),
         warnings,
-        interrupted: INTERRUPTED.load(Ordering::SeqCst),
+        interrupted: crate::sys::interrupted(),
         sweep_plateau_read_iops: m.sweep.as_deref().and_then(crate::model::plateau::detect),
         sweep: m.sweep,
     })
@@ -229,7 +213,7 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
     let phase = opts.duration / phases.max(1);
     // Time spent probing only; creating the probe files is not part of it.
     let mut probing = Duration::ZERO;
-    let stopped = || INTERRUPTED.load(Ordering::SeqCst);
+    let stopped = crate::sys::interrupted;
     let note_error = |e: String, errors: &mut Vec<String>| {
         if errors.len() < 10 {
             errors.push(e);

@@ -1,6 +1,8 @@
 //! Entry point: parse flags, load config, hand over to the daemon or to
 //! `check`, print one error and pick the exit code. Nothing else lives here.
 
+#![deny(unsafe_code)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

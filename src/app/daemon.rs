@@ -183,12 +183,9 @@ pub const RUNTIME_NICENESS: i32 = 10;
 /// so this leaves the probe threads alone. Raising it needs no privilege,
 /// so it cannot fail for lack of one.
 pub fn lower_thread_priority() {
-    // SAFETY: gettid and setpriority take plain integers and touch no memory.
-    let r = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, RUNTIME_NICENESS)
-    };
-    if r != 0 {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "cannot lower the runtime thread's priority");
+    // PRIO_PROCESS with a thread id: on Linux that names the thread alone.
+    let tid = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(tid), RUNTIME_NICENESS) {
+        tracing::debug!(error = %std::io::Error::from(e), "cannot lower the runtime thread's priority");
     }
 }

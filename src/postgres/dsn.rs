@@ -460,19 +460,11 @@ fn parse_query(mut q: &str, out: &mut BTreeMap<String, String>) -> Result<(), Ds
 pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn os_user() -> Option<String> {
-    // SAFETY: getpwuid returns a pointer into static storage or NULL; we
-    // copy the name out immediately and use it from this thread only.
-    unsafe {
-        let pw = libc::getpwuid(libc::geteuid());
-        if pw.is_null() || (*pw).pw_name.is_null() {
-            return None;
-        }
-        Some(
-            std::ffi::CStr::from_ptr((*pw).pw_name)
-                .to_string_lossy()
-                .into_owned(),
-        )
-    }
+    // The effective user's name, looked up with getpwuid_r (getpwuid's
+    // static buffer is shared by all threads).
+    whoami::username_os()
+        .ok()
+        .map(|n| n.to_string_lossy().into_owned())
 }
 
 /// libpq's host when none is given, or an empty one is.

@@ -14,14 +14,14 @@
 //! because an open descriptor keeps writing to its inode after the name was
 //! unlinked or renamed over, without any error.
 
-use std::ffi::CString;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use thiserror::Error;
 
 use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME};
@@ -134,61 +134,37 @@ struct FileId {
 }
 
 impl FileId {
-    fn of(st: &libc::stat) -> FileId {
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "the field types vary by architecture; u64 holds them all"
+    )]
+    fn of(st: &Stat) -> FileId {
         FileId {
-            dev: st.st_dev,
-            ino: st.st_ino,
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
         }
     }
 }
 
-fn fstat(fd: RawFd) -> io::Result<libc::stat> {
-    // SAFETY: an all-zero stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fd is an open descriptor and st a valid pointer.
-    cvt(unsafe { libc::fstat(fd, &mut st) })?;
-    Ok(st)
+fn fstat(fd: impl AsFd) -> io::Result<Stat> {
+    Ok(rustix::fs::fstat(fd)?)
 }
 
 /// lstat of `name` in `dir`: a symlink is described, never followed.
-fn lstatat(dir: &OwnedFd, name: &str) -> io::Result<libc::stat> {
-    let c = cname(name)?;
-    // SAFETY: an all-zero stat is a valid out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid directory fd, C string and out-pointer.
-    cvt(unsafe {
-        libc::fstatat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            &mut st,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    })?;
-    Ok(st)
+fn lstatat(dir: &OwnedFd, name: &str) -> io::Result<Stat> {
+    Ok(rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
-fn is_symlink(st: &libc::stat) -> bool {
-    st.st_mode & libc::S_IFMT == libc::S_IFLNK
+fn is_symlink(st: &Stat) -> bool {
+    FileType::from_raw_mode(st.st_mode) == FileType::Symlink
 }
 
 fn readlinkat(dir: &OwnedFd, name: &str) -> Option<PathBuf> {
     use std::os::unix::ffi::OsStringExt;
-    let c = cname(name).ok()?;
-    let mut buf = vec![0u8; libc::PATH_MAX as usize];
-    // SAFETY: valid fd and C string; buf is valid for buf.len() bytes.
-    let n = unsafe {
-        libc::readlinkat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    if n < 0 {
-        return None;
-    }
-    buf.truncate(n as usize);
-    Some(PathBuf::from(std::ffi::OsString::from_vec(buf)))
+    let target = rustix::fs::readlinkat(dir, name, Vec::new()).ok()?;
+    Some(PathBuf::from(std::ffi::OsString::from_vec(
+        target.into_bytes(),
+    )))
 }
 
 /// An open, locked probe directory.
@@ -199,18 +175,6 @@ pub struct ProbeDir {
     _lock: OwnedFd,
     created: bool,
     closed: AtomicBool,
-}
-
-fn cname(name: &str) -> io::Result<CString> {
-    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret)
-    }
 }
 
 impl ProbeDir {
@@ -232,7 +196,7 @@ impl ProbeDir {
             path: path.to_path_buf(),
             source,
         };
-        let unsafe_dir = |reason: String| SetupError::UnsafeDir {
+        let refuse = |reason: String| SetupError::UnsafeDir {
             path: path.to_path_buf(),
             reason,
         };
@@ -241,59 +205,58 @@ impl ProbeDir {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
             Err(e) => return Err(io_err("creating probe directory", e)),
         };
-        let cpath = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| unsafe_dir("path contains a NUL byte".to_string()))?;
-        // SAFETY: cpath is a valid NUL-terminated string; the returned fd is checked.
-        let fd = unsafe {
-            libc::open(
-                cpath.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            return Err(match e.raw_os_error() {
+        if path.as_os_str().as_encoded_bytes().contains(&0) {
+            return Err(refuse("path contains a NUL byte".to_string()));
+        }
+        let dir = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| {
+            let e = io::Error::from(e);
+            match e.raw_os_error() {
                 Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                    unsafe_dir("is a symlink or not a directory; refusing to follow it".to_string())
+                    refuse("is a symlink or not a directory; refusing to follow it".to_string())
                 }
                 _ => io_err("opening probe directory", e),
-            });
-        }
-        // SAFETY: fd was just returned by open(2) and is owned by nobody else.
-        let dir = unsafe { OwnedFd::from_raw_fd(fd) };
+            }
+        })?;
         let meta = File::from(dir.try_clone().map_err(|e| io_err("dup", e))?)
             .metadata()
             .map_err(|e| io_err("stat of probe directory", e))?;
-        // SAFETY: geteuid cannot fail.
-        let euid = unsafe { libc::geteuid() };
+        let euid = rustix::process::geteuid().as_raw();
         if meta.uid() != euid {
-            return Err(unsafe_dir(format!(
+            return Err(refuse(format!(
                 "owned by uid {}, not by this process (uid {euid}); refusing to write into it",
                 meta.uid()
             )));
         }
         if meta.mode() & 0o022 != 0 {
-            return Err(unsafe_dir(format!(
+            return Err(refuse(format!(
                 "mode {:o} lets other users write into it; chmod 0700 it or remove it",
                 meta.mode() & 0o7777
             )));
         }
-        let lock = openat(&dir, LOCK_FILE, libc::O_RDWR | libc::O_CREAT, 0o600)
+        let lock = openat(&dir, LOCK_FILE, OFlags::RDWR | OFlags::CREATE, PRIVATE)
             .map_err(|e| io_err("opening lock file in", e))?;
         // The lock file is opened without O_EXCL (it survives a crash) and is
         // then truncated: a hard link planted at its name would have that
         // truncation land in the linked file, wherever else it is listed.
-        let lock_st = fstat(lock.as_raw_fd()).map_err(|e| io_err("stat of lock file in", e))?;
-        if lock_st.st_mode & libc::S_IFMT != libc::S_IFREG || lock_st.st_nlink != 1 {
-            return Err(unsafe_dir(format!(
+        let lock_st = fstat(&lock).map_err(|e| io_err("stat of lock file in", e))?;
+        if FileType::from_raw_mode(lock_st.st_mode) != FileType::RegularFile
+            || lock_st.st_nlink != 1
+        {
+            return Err(refuse(format!(
                 "its {LOCK_FILE} file is not a regular file with a single link ({} links); \
                  refusing to write into what may be another file: remove it",
                 lock_st.st_nlink
             )));
         }
-        // SAFETY: lock is a valid open fd.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let e = io::Error::last_os_error();
+        if let Err(e) =
+            rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        {
+            let e = io::Error::from(e);
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 let pid = std::fs::read_to_string(path.join(LOCK_FILE))
                     .map(|s| s.trim().to_string())
@@ -391,7 +354,7 @@ impl ProbeDir {
     /// (holding its space) and never notice a file put in its place. Only
     /// comparing the name's inode with the descriptor's tells.
     pub fn check_name(&self, name: &str, held: &File) -> io::Result<NameCheck> {
-        let held = FileId::of(&fstat(held.as_raw_fd())?);
+        let held = FileId::of(&fstat(held)?);
         match lstatat(&self.dir, name) {
             Ok(st) if FileId::of(&st) == held => Ok(NameCheck::Same),
             Ok(_) => Ok(NameCheck::Replaced),
@@ -403,7 +366,7 @@ impl ProbeDir {
     /// Whether the configured path still names this directory (not removed,
     /// renamed or replaced since it was opened).
     pub fn at_path(&self) -> io::Result<bool> {
-        let held = FileId::of(&fstat(self.dir.as_raw_fd())?);
+        let held = FileId::of(&fstat(&self.dir)?);
         match std::fs::symlink_metadata(&self.path) {
             Ok(m) => Ok(FileId {
                 dev: m.dev(),
@@ -416,11 +379,8 @@ impl ProbeDir {
 
     /// Bytes available to this (unprivileged) user on the filesystem.
     pub fn available_bytes(&self) -> io::Result<u64> {
-        // SAFETY: an all-zero statvfs is a valid out-parameter.
-        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: dir is a valid fd and st a valid pointer.
-        cvt(unsafe { libc::fstatvfs(self.dir.as_raw_fd(), &mut st) })?;
-        Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
+        let st = rustix::fs::fstatvfs(&self.dir)?;
+        Ok(st.f_bavail.saturating_mul(st.f_frsize))
     }
 
     fn check_reserve(&self, name: &str, needed: u64, reserve: u64) -> Result<(), SetupError> {
@@ -457,8 +417,8 @@ impl ProbeDir {
         let fd = openat(
             &self.dir,
             name,
-            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
-            0o600,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
+            PRIVATE,
         )
         .map_err(|e| io_err("creating", e))?;
         let mut f = File::from(fd);
@@ -483,8 +443,9 @@ impl ProbeDir {
             f.sync_all()?;
             // Drop the pages we just wrote from the page cache: they are not
             // what the probes should find there.
-            // SAFETY: f is a valid fd.
-            unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+            // Advice (len None: to the end of the file); should it fail, the
+            // pages merely stay cached until the kernel evicts them.
+            let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed);
             Ok(())
         })();
         if let Err(e) = result {
@@ -511,11 +472,11 @@ impl ProbeDir {
         &self,
         name: &str,
         created: &File,
-        flags: libc::c_int,
+        flags: OFlags,
     ) -> io::Result<Result<File, SetupError>> {
-        let f = File::from(openat(&self.dir, name, flags, 0)?);
-        let a = FileId::of(&fstat(created.as_raw_fd())?);
-        let b = FileId::of(&fstat(f.as_raw_fd())?);
+        let f = File::from(openat(&self.dir, name, flags, Mode::empty())?);
+        let a = FileId::of(&fstat(created)?);
+        let b = FileId::of(&fstat(&f)?);
         if a != b {
             return Ok(Err(SetupError::Replaced {
                 path: self.path.join(name),
@@ -538,11 +499,13 @@ impl ProbeDir {
     ) -> Result<File, SetupError> {
         let created = self.create(WAL_FILE, size, reserve, Fill::Zero)?;
         let extra = match method {
-            SyncMethod::Fdatasync | SyncMethod::Fsync => 0,
-            SyncMethod::OpenDatasync => libc::O_DSYNC,
-            SyncMethod::OpenSync => libc::O_SYNC,
+            SyncMethod::Fdatasync | SyncMethod::Fsync => OFlags::empty(),
+            // Not OFlags::DSYNC: rustix's raw-syscall backend defines it as
+            // O_SYNC, which would also sync metadata, as open_sync does.
+            SyncMethod::OpenDatasync => OFlags::from_bits_retain(libc::O_DSYNC as u32),
+            SyncMethod::OpenSync => OFlags::SYNC,
         };
-        self.reopen(WAL_FILE, &created, libc::O_RDWR | extra)
+        self.reopen(WAL_FILE, &created, OFlags::RDWR | extra)
             .map_err(|source| SetupError::Io {
                 what: "opening",
                 path: self.path.join(WAL_FILE),
@@ -555,7 +518,7 @@ impl ProbeDir {
     /// `O_DIRECT`.
     pub fn create_read_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
         let created = self.create(READ_FILE, size, reserve, Fill::Random)?;
-        match self.reopen(READ_FILE, &created, libc::O_RDONLY | libc::O_DIRECT) {
+        match self.reopen(READ_FILE, &created, OFlags::RDONLY | OFlags::DIRECT) {
             Ok(r) => r,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 let _ = unlinkat(&self.dir, READ_FILE);
@@ -619,95 +582,32 @@ enum Fill {
     Random,
 }
 
-fn openat(
-    dir: &OwnedFd,
-    name: &str,
-    flags: libc::c_int,
-    mode: libc::mode_t,
-) -> io::Result<OwnedFd> {
-    let c = cname(name)?;
-    // SAFETY: dir is a valid directory fd, c a valid C string; O_NOFOLLOW
-    // refuses a symlink in the last component and the name has no '/'.
-    let fd = unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            mode as libc::c_uint,
-        )
-    };
-    let fd = cvt(fd)?;
-    // SAFETY: fd was just returned by openat(2) and is owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+/// Mode of every file the exporter creates: 0600.
+const PRIVATE: Mode = Mode::RUSR.union(Mode::WUSR);
+
+/// Opens `name` relative to `dir`. O_NOFOLLOW refuses a symlink in the last
+/// component, and the names are constants without '/', so nothing is ever
+/// opened through a link.
+fn openat(dir: &OwnedFd, name: &str, flags: OFlags, mode: Mode) -> io::Result<OwnedFd> {
+    Ok(rustix::fs::openat(
+        dir,
+        name,
+        flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        mode,
+    )?)
 }
 
+/// Removes `name` in `dir`; unlinkat never follows a symlink.
 fn unlinkat(dir: &OwnedFd, name: &str) -> io::Result<()> {
-    let c = cname(name)?;
-    // SAFETY: valid fd and C string; unlinkat never follows a symlink.
-    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) }).map(|_| ())
+    Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
 }
 
-/// An 8 KiB buffer aligned for `O_DIRECT` (4 KiB covers every logical block
-/// size Linux supports for direct IO on common devices).
-#[derive(Debug)]
-pub struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    layout: std::alloc::Layout,
-}
+/// An 8 KiB buffer aligned for `O_DIRECT`, for the engines' reads.
+pub type AlignedBuf = crate::sys::AlignedBuf<BLOCK_SIZE>;
 
-// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>.
-unsafe impl Send for AlignedBuf {}
-
-impl AlignedBuf {
-    pub const ALIGN: usize = 4096;
-
-    pub fn new(len: usize) -> AlignedBuf {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), Self::ALIGN)
-            .unwrap_or_else(|_| std::alloc::Layout::new::<[u8; BLOCK_SIZE]>());
-        // SAFETY: layout has a non-zero size.
-        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            std::ptr::NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, layout }
-    }
-
-    pub fn len(&self) -> usize {
-        self.layout.size()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.layout.size() == 0
-    }
-
-    pub fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
-    }
-
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: ptr is valid for len bytes and uniquely borrowed through &mut self.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len()) }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len()) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in new() with this exact layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
-    }
-}
-
-/// Raw fd of a probe file, for the engines.
-pub fn raw(f: &File) -> RawFd {
-    f.as_raw_fd()
+/// The descriptor of a probe file, for the engines.
+pub fn raw(f: &File) -> BorrowedFd<'_> {
+    f.as_fd()
 }
 
 #[cfg(test)]
@@ -897,9 +797,54 @@ mod tests {
         pd.remove_all();
     }
 
+    /// The open flags of `f` as the kernel sees them (octal in fdinfo).
+    fn open_flags(f: &File) -> i32 {
+        use std::os::fd::AsRawFd;
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", f.as_raw_fd())).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .unwrap()
+            .trim();
+        i32::from_str_radix(flags, 8).unwrap()
+    }
+
+    #[test]
+    fn probe_files_are_opened_with_exactly_the_flags_their_method_implies() {
+        let tmp = tempfile::tempdir().unwrap();
+        let pd = ProbeDir::open(&tmp.path().join("probe")).unwrap();
+        // O_SYNC includes the O_DSYNC bit: open_datasync must have that bit
+        // alone, or its probes would also wait for metadata.
+        let sync_only = libc::O_SYNC & !libc::O_DSYNC;
+        for (method, dsync, sync) in [
+            (SyncMethod::Fdatasync, false, false),
+            (SyncMethod::Fsync, false, false),
+            (SyncMethod::OpenDatasync, true, false),
+            (SyncMethod::OpenSync, true, true),
+        ] {
+            pd.clear().unwrap();
+            let w = pd.create_wal_file(1 << 20, method, 0).unwrap();
+            let fl = open_flags(&w);
+            assert_eq!(fl & libc::O_ACCMODE, libc::O_RDWR, "{method:?}");
+            assert_eq!(fl & libc::O_DSYNC != 0, dsync, "{method:?}: {fl:o}");
+            assert_eq!(fl & sync_only != 0, sync, "{method:?}: {fl:o}");
+            assert_ne!(fl & libc::O_CLOEXEC, 0, "{method:?}");
+        }
+        match pd.create_read_file(1 << 20, 0) {
+            Ok(r) => {
+                let fl = open_flags(&r);
+                assert_eq!(fl & libc::O_ACCMODE, libc::O_RDONLY);
+                assert_ne!(fl & libc::O_DIRECT, 0, "{fl:o}");
+            }
+            // tmpfs and a few others refuse O_DIRECT.
+            Err(e) => assert_eq!(e.label(), "no_direct_io", "{e}"),
+        }
+        assert!(pd.remove_all().is_empty());
+    }
+
     #[test]
     fn aligned_buffer_is_aligned() {
-        let b = AlignedBuf::new(8192);
+        let b = AlignedBuf::new();
         assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
         assert_eq!(b.len(), 8192);
     }

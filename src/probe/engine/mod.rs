@@ -9,7 +9,7 @@
 pub mod syscall;
 pub mod uring;
 
-use std::os::fd::RawFd;
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -82,7 +82,7 @@ impl Engine {
     /// makes it durable the way `method` says.
     pub fn commit(
         &mut self,
-        fd: RawFd,
+        fd: BorrowedFd<'_>,
         offset: u64,
         method: SyncMethod,
     ) -> Result<CommitTiming, IoFailure> {
@@ -90,7 +90,7 @@ impl Engine {
     }
 
     /// One 8 KiB `O_DIRECT` read at `offset`.
-    pub fn read(&mut self, fd: RawFd, offset: u64) -> Result<Duration, IoFailure> {
+    pub fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
         match &mut self.reads {
             Reads::IoUring(e) => e.read(fd, offset),
             Reads::Sync(e) => e.read(fd, offset),

@@ -414,6 +414,51 @@ fn modules_use_only_what_the_dependency_table_allows() {
     assert!(bad.is_empty(), "forbidden uses:\n{}", bad.join("\n"));
 }
 
+/// Files with the `unsafe` keyword in code (comments, strings and the
+/// `unsafe_code` lint attributes do not count).
+fn unsafe_outside_sys(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut bad = Vec::new();
+    for (path, text) in files {
+        if path == Path::new("sys.rs") {
+            continue;
+        }
+        for (n, line) in code_only(text).lines().enumerate() {
+            let words = line.split(|c: char| !(c.is_alphanumeric() || c == '_'));
+            if words.into_iter().any(|w| w == "unsafe") {
+                bad.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    bad
+}
+
+#[test]
+fn unsafe_only_in_sys() {
+    let bad = unsafe_outside_sys(&sources());
+    assert!(
+        bad.is_empty(),
+        "`unsafe` outside src/sys.rs:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn unsafe_elsewhere_is_found() {
+    let files = fake(&[
+        ("sys.rs", "pub fn f() { unsafe { g() } }"),
+        (
+            "probe/files.rs",
+            "// unsafe in a comment\nconst L: &str = \"unsafe_dir\";\nfn h() { unsafe { g() } }\n",
+        ),
+        (
+            "lib.rs",
+            "#![deny(unsafe_code)]\n#[allow(unsafe_code)]\npub mod sys;\n",
+        ),
+    ]);
+    let bad = unsafe_outside_sys(&files);
+    assert_eq!(bad, ["probe/files.rs:3: fn h() { unsafe { g() } }"]);
+}
+
 #[test]
 fn no_module_cycle() {
     let g = graph(&sources());
@@ -485,4 +530,41 @@ fn blocking_calls_in_async_code_are_found_unless_in_spawn_blocking() {
         bad.iter()
             .any(|b| b.starts_with("app/x.rs:4: `File::open`"))
     );
+}
+
+/// Every `src/…` path the documentation names exists, so a move cannot
+/// leave ARCHITECTURE.md or the docs pointing at nothing.
+#[test]
+fn documented_source_paths_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![
+        root.join("README.md"),
+        root.join("ARCHITECTURE.md"),
+        root.join("BENCHMARKS.md"),
+    ];
+    for e in std::fs::read_dir(root.join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            docs.push(p);
+        }
+    }
+    let mut missing = Vec::new();
+    for doc in docs {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        for (i, _) in text.match_indices("src/") {
+            // Only whole paths: preceded by a backtick, space, ( or [.
+            if i > 0 && !matches!(text.as_bytes()[i - 1], b'`' | b' ' | b'(' | b'[' | b'\n') {
+                continue;
+            }
+            let path: String = text[i..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || matches!(c, '/' | '_' | '.' | '-'))
+                .collect();
+            let path = path.trim_end_matches('.');
+            if (path.ends_with(".rs") || path.ends_with('/')) && !root.join(path).exists() {
+                missing.push(format!("{}: {path}", doc.display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "{}", missing.join("\n"));
 }

@@ -20,8 +20,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::*;
 use common::pg::{PgKind, PgServer};
+use common::*;
 
 const GOLDEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/series.txt");
 /// The same run scraped as OpenMetrics (what Prometheus asks for): counter

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use procfs::FromBufRead;
 
-use super::error::{Kind, ReadError, read_optional};
+use super::error::{Cause, Kind, ReadError, read_optional};
 use crate::types::Resource;
 
 /// Limits for one device; `None` is unlimited (`max`, or absent).
@@ -312,7 +312,7 @@ pub fn detect(root: &Path) -> Result<Option<Layout>, ReadError> {
         return Err(ReadError {
             kind: Kind::CgroupLimits,
             path: root.to_path_buf(),
-            cause: super::error::Cause::NotCgroup,
+            cause: Cause::NotCgroup,
         });
     }
     // A v2 tree without io (hybrid hosts leave io to v1 blkio) and no blkio

@@ -1,5 +1,4 @@
 use super::*;
-use crate::limits::error::Kind;
 
 /// A fixture hierarchy: cgroup path → limits on device "259:0".
 fn spec() -> Vec<(&'static str, Limits)> {
@@ -297,7 +296,7 @@ fn cgroup_root_off_missing_or_not_a_hierarchy() {
     // Files but no hierarchy: a wrong cgroup_root, not a host without caps.
     let e = detect(dir.path()).unwrap_err();
     assert!(
-        matches!(e.cause, crate::limits::error::Cause::NotCgroup),
+        matches!(e.cause, Cause::NotCgroup),
         "{e}"
     );
     // A v2 tree without the io controller and no blkio: no caps can exist.

@@ -295,10 +295,7 @@ fn cgroup_root_off_missing_or_not_a_hierarchy() {
     );
     // Files but no hierarchy: a wrong cgroup_root, not a host without caps.
     let e = detect(dir.path()).unwrap_err();
-    assert!(
-        matches!(e.cause, Cause::NotCgroup),
-        "{e}"
-    );
+    assert!(matches!(e.cause, Cause::NotCgroup), "{e}");
     // A v2 tree without the io controller and no blkio: no caps can exist.
     let v2 = tempfile::tempdir().unwrap();
     std::fs::write(v2.path().join("cgroup.controllers"), "cpu memory").unwrap();

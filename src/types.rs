@@ -207,3 +207,44 @@ pub enum ProbeKind {
     /// 8 KiB `O_DIRECT` random reads of a preallocated file.
     Read,
 }
+
+/// What an IO cap limits: the `resource` label of the IO limit families.
+/// cgroups cap reads and writes apart (`io.max` riops/wiops/rbps/wbps, the
+/// v1 `blkio.throttle.*_device` files); a cloud volume's provisioned IOPS
+/// and throughput often cap both together, hence [`Resource::Iops`] and
+/// [`Resource::BytesPerSecond`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Resource {
+    ReadIops,
+    WriteIops,
+    ReadBytesPerSecond,
+    WriteBytesPerSecond,
+    /// Reads and writes together.
+    Iops,
+    /// Bytes read and written together.
+    BytesPerSecond,
+}
+
+impl Resource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resource::ReadIops => "read_iops",
+            Resource::WriteIops => "write_iops",
+            Resource::ReadBytesPerSecond => "read_bytes_per_second",
+            Resource::WriteBytesPerSecond => "write_bytes_per_second",
+            Resource::Iops => "iops",
+            Resource::BytesPerSecond => "bytes_per_second",
+        }
+    }
+
+    /// Caps that count writes, the probes' own among them.
+    pub fn counts_writes(self) -> bool {
+        matches!(self, Resource::WriteIops | Resource::Iops)
+    }
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

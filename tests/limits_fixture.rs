@@ -103,12 +103,114 @@ fn configured_cgroup_and_provisioned_limits() {
     );
     let u = sample(&m, "pgstorage_io_limit_utilization_ratio{volume=\"v\",source=\"cgroup\",resource=\"write_iops\"}").unwrap();
     assert_eq!(u, 0.0, "the fixture's io.stat does not move");
+    // Every file the pass needed was read: the collector succeeded.
+    assert_eq!(
+        sample(&m, "pgstorage_collector_success{collector=\"limits\"}"),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        !m.contains("pgstorage_limits_read_errors_total{"),
+        "no failed reads: {m}"
+    );
     let info = samples_with(&m, "pgstorage_volume_info", &["volume=\"v\""]);
     assert!(
         info[0].0.contains("disk=\"") && !info[0].0.contains("disk=\"unknown\""),
         "{}",
         info[0].0
     );
+}
+
+/// A cgroup whose io.max cannot be parsed and whose io.stat is a
+/// directory: its limits are unknown, not absent. The collector says so in
+/// its health gauge and error counter, and the log warns once per file,
+/// not once per pass.
+#[test]
+fn unreadable_cgroup_files_fail_the_collector_and_warn_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    let disk = disk_of(&vol);
+    let cg = dir.path().join("cgroup");
+    let svc = cg.join("system.slice/postgresql.service");
+    std::fs::create_dir_all(&svc).unwrap();
+    std::fs::write(cg.join("cgroup.controllers"), "cpu io memory").unwrap();
+    std::fs::write(
+        svc.join("io.max"),
+        format!("{disk} rbps=max wbps=max riops=max wiops=a-hundred\n"),
+    )
+    .unwrap();
+    // Tests run as root, so permission bits would not stop the read: a
+    // directory where the file belongs fails it (EISDIR).
+    std::fs::create_dir(svc.join("io.stat")).unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "limits_interval = \"300ms\"\ncgroup_root = \"{}\"\n\
+             [[volume]]\nname = \"v\"\npath = \"{}\"\nprobes = [\"read\"]\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n\
+             cgroup = \"/system.slice/postgresql.service\"\nprovisioned_iops = 3000\n",
+            cg.display(),
+            vol.display()
+        ),
+    )
+    .unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let parse = "pgstorage_limits_read_errors_total{kind=\"cgroup_limits\",cause=\"parse\"}";
+    let eisdir = "pgstorage_limits_read_errors_total{kind=\"cgroup_counters\",cause=\"EISDIR\"}";
+    // Several passes.
+    let m = ex.wait_for("five failing limits passes", Duration::from_secs(30), |m| {
+        sample(m, parse).is_some_and(|n| n >= 5.0)
+    });
+    assert_eq!(
+        sample(&m, "pgstorage_collector_success{collector=\"limits\"}"),
+        Some(0.0),
+        "{m}"
+    );
+    assert!(sample(&m, eisdir).is_some_and(|n| n >= 4.0), "{m}");
+    // Unknown, so no cgroup limit series; the provisioned one stays.
+    assert!(!m.contains("source=\"cgroup\""), "{m}");
+    assert_eq!(
+        sample(
+            &m,
+            "pgstorage_io_limit{volume=\"v\",source=\"provisioned\",resource=\"iops\"}"
+        ),
+        Some(3000.0)
+    );
+    let log = ex.log();
+    let warnings = |file: &str| {
+        log.lines()
+            .filter(|l| l.contains("cannot read a file the limits depend on"))
+            .filter(|l| l.contains(&svc.join(file).display().to_string()))
+            .count()
+    };
+    assert_eq!(warnings("io.max"), 1, "{log}");
+    assert_eq!(warnings("io.stat"), 1, "{log}");
+
+    // Fixed: the collector recovers, the limits come back and the log
+    // says so.
+    std::fs::write(
+        svc.join("io.max"),
+        format!("{disk} rbps=max wbps=max riops=max wiops=100\n"),
+    )
+    .unwrap();
+    std::fs::remove_dir(svc.join("io.stat")).unwrap();
+    let m = ex.wait_for(
+        "the limits collector recovered",
+        Duration::from_secs(30),
+        |m| sample(m, "pgstorage_collector_success{collector=\"limits\"}") == Some(1.0),
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "pgstorage_io_limit{volume=\"v\",source=\"cgroup\",resource=\"write_iops\"}"
+        ),
+        Some(100.0),
+        "{m}"
+    );
+    // The counter is cumulative: it keeps what failed.
+    assert!(sample(&m, parse).is_some_and(|n| n >= 5.0));
+    ex.wait_log("the file reads again", Duration::from_secs(10));
 }
 
 #[test]

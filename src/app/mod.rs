@@ -4,4 +4,5 @@
 
 pub mod daemon;
 pub mod discovery;
+pub mod limits_inputs;
 pub mod supervisor;

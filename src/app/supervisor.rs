@@ -239,10 +239,13 @@ impl Supervisor {
         if let Some(t) = self.limits_task.take() {
             t.abort();
         }
+        let inputs = Arc::new(super::limits_inputs::LimitsInputs {
+            volumes: self.volumes.clone(),
+            clusters: self.clusters.clone(),
+        });
         self.limits_task = Some(tokio::spawn(crate::limits::run(
             self.cfg.limits.clone(),
-            self.volumes.clone(),
-            self.clusters.clone(),
+            inputs,
             self.limits_state.clone(),
         )));
     }

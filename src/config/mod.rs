@@ -19,7 +19,7 @@ use crate::probe::placement::check_probe_dir;
 use crate::probe::settings::{
     Knob, MAX_WINDOW_SAMPLES, PROBE_DIR_NAME, ProbeSettings, VolumeSpec, window_samples,
 };
-use crate::types::{EngineChoice, SyncMethod};
+use crate::types::{EngineChoice, Resource, SyncMethod};
 use raw::{RawConfig, RawVolume, RawVolumeDefaults, Sp};
 
 /// Where the exporter probes when given no volume at all: /var/tmp is on
@@ -506,27 +506,30 @@ fn volume_from_file(
         cgroup: None,
     };
     vc.provisioned = [
-        ("iops", v.provisioned_iops.as_ref().map(|x| *x.get_ref())),
         (
-            "read_iops",
+            Resource::Iops,
+            v.provisioned_iops.as_ref().map(|x| *x.get_ref()),
+        ),
+        (
+            Resource::ReadIops,
             v.provisioned_read_iops.as_ref().map(|x| *x.get_ref()),
         ),
         (
-            "write_iops",
+            Resource::WriteIops,
             v.provisioned_write_iops.as_ref().map(|x| *x.get_ref()),
         ),
         (
-            "bytes_per_second",
+            Resource::BytesPerSecond,
             v.provisioned_throughput.as_ref().map(|x| x.get_ref().0),
         ),
         (
-            "read_bytes_per_second",
+            Resource::ReadBytesPerSecond,
             v.provisioned_read_throughput
                 .as_ref()
                 .map(|x| x.get_ref().0),
         ),
         (
-            "write_bytes_per_second",
+            Resource::WriteBytesPerSecond,
             v.provisioned_write_throughput
                 .as_ref()
                 .map(|x| x.get_ref().0),

@@ -10,7 +10,7 @@ pub fn encode(enc: Enc<'_, '_>, s: &LimitsSnapshot) -> std::fmt::Result {
         [
             ("volume", r.volume.as_str()),
             ("source", r.source),
-            ("resource", r.resource),
+            ("resource", r.resource.as_str()),
         ]
     }
     gauge(

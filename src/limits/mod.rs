@@ -20,6 +20,8 @@
 
 pub mod cgroup;
 pub mod diskstats;
+pub mod error;
+pub mod inputs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,10 +29,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::model::pacing;
-use crate::postgres::{ClusterSet, ClusterSnapshot};
-use crate::probe::set::VolumeSet;
-use crate::probe::settings::BURST_COMMITS;
+use crate::types::Resource;
 use cgroup::{Counters, Located, ProcCgroups};
+use error::{ErrorLog, Kind, PassErrors, ReadError, read_optional};
+pub use inputs::{ClusterInput, DiskInput, Inputs, VolumeInput};
 
 /// Where and how often IO limits are read.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,7 +49,7 @@ pub struct LimitsSettings {
 pub struct LimitRow {
     pub volume: String,
     pub source: &'static str,
-    pub resource: &'static str,
+    pub resource: Resource,
     pub value: f64,
     pub utilization: Option<f64>,
 }
@@ -109,7 +111,9 @@ impl LimitsSnapshot {
     pub fn write_iops_limit(&self, volume: &str) -> Option<f64> {
         self.rows
             .iter()
-            .filter(|r| r.volume == volume && r.resource == "write_iops" && r.source == "cgroup")
+            .filter(|r| {
+                r.volume == volume && r.resource == Resource::WriteIops && r.source == "cgroup"
+            })
             .map(|r| r.value)
             .reduce(f64::min)
     }
@@ -138,51 +142,70 @@ struct Prev {
     own: BTreeMap<String, (u64, u64)>,
     /// Smoothed writes per probe, kept between intervals without probes.
     wpp: BTreeMap<String, f64>,
+    /// Failed reads since start, by (kind, cause).
+    read_errors: BTreeMap<(&'static str, &'static str), u64>,
+    /// Which reads are failing, so each is logged once, not every pass.
+    log: ErrorLog,
 }
 
-fn read_proc_cgroup(proc_root: &Path, pid: &str) -> Option<ProcCgroups> {
-    std::fs::read_to_string(proc_root.join(pid).join("cgroup"))
-        .ok()
-        .map(|t| cgroup::parse_proc_cgroup(&t))
+/// A process's cgroups from `/proc/<pid>/cgroup`; `Ok(None)` when the
+/// process is gone (ENOENT, or ESRCH while it exits): a postmaster.pid
+/// left by a crashed server names a pid that no longer runs, and the
+/// volume falls back to the exporter's cgroup, as while PostgreSQL is down.
+fn read_proc_cgroup(proc_root: &Path, pid: &str) -> Result<Option<ProcCgroups>, ReadError> {
+    let path = proc_root.join(pid).join("cgroup");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e)
+            if pid != "self"
+                && (e.kind() == std::io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ESRCH)) =>
+        {
+            return Ok(None);
+        }
+        // /proc/self/cgroup always exists: missing, proc_root is wrong.
+        Err(e) => return Err(ReadError::io(Kind::ProcCgroup, &path, e)),
+    };
+    cgroup::parse_proc_cgroup(&text)
+        .map(Some)
+        .map_err(|what| ReadError::parse(Kind::ProcCgroup, &path, what))
 }
 
-/// The postmaster's pid: the first line of `postmaster.pid`.
-fn postmaster_pid(data_dir: &Path) -> Option<String> {
-    let t = std::fs::read_to_string(data_dir.join("postmaster.pid")).ok()?;
-    let pid = t.lines().next()?.trim().to_string();
-    pid.parse::<u32>().ok().map(|_| pid)
+/// The postmaster's pid: the first line of `postmaster.pid`. `Ok(None)`
+/// when there is none: PostgreSQL removes the file on a clean shutdown, a
+/// cluster on another host has no data directory here, and the file is
+/// empty for the instant between its creation and its first write.
+fn postmaster_pid(data_dir: &Path) -> Result<Option<u32>, ReadError> {
+    let path = data_dir.join("postmaster.pid");
+    let Some(t) = read_optional(Kind::PostmasterPid, &path)? else {
+        return Ok(None);
+    };
+    let Some(first) = t.lines().next().map(str::trim) else {
+        return Ok(None);
+    };
+    first.parse::<u32>().map(Some).map_err(|_| {
+        ReadError::parse(
+            Kind::PostmasterPid,
+            &path,
+            format!("first line {first:?} is not a pid"),
+        )
+    })
 }
 
 /// Runs the limits collector until the process ends.
-pub async fn run(
-    cfg: LimitsSettings,
-    volumes: Arc<VolumeSet>,
-    clusters: Arc<ClusterSet>,
-    state: Arc<LimitsState>,
-) {
+pub async fn run(cfg: LimitsSettings, inputs: Arc<dyn Inputs>, state: Arc<LimitsState>) {
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let prev = Arc::new(Mutex::new(Prev::default()));
     loop {
         tick.tick().await;
-        let (cfg2, volumes2, clusters2, prev2) = (
-            cfg.clone(),
-            volumes.clone(),
-            clusters.snapshots(),
-            prev.clone(),
-        );
+        let (cfg2, inputs2, prev2) = (cfg.clone(), inputs.clone(), prev.clone());
         let snap = tokio::task::spawn_blocking(move || {
             let mut p = match prev2.lock() {
                 Ok(p) => p,
                 Err(_) => return LimitsSnapshot::default(),
             };
-            let t0 = Instant::now();
-            let mut snap = collect(&cfg2, &volumes2, &clusters2, &mut p);
-            snap.last_run = Some(LimitsRun {
-                seconds: t0.elapsed().as_secs_f64(),
-                failed_reads: 0,
-            });
-            snap
+            pass(&cfg2, inputs2.as_ref(), &mut p, Instant::now())
         })
         .await
         .unwrap_or_default();
@@ -192,11 +215,27 @@ pub async fn run(
     }
 }
 
+/// One limits pass: collect, then count and log what could not be read.
+fn pass(cfg: &LimitsSettings, inputs: &dyn Inputs, prev: &mut Prev, t0: Instant) -> LimitsSnapshot {
+    let mut errors = PassErrors::default();
+    let mut snap = collect(cfg, inputs, prev, &mut errors);
+    for k in errors.labels() {
+        *prev.read_errors.entry(k).or_default() += 1;
+    }
+    prev.log.update(&errors, Instant::now());
+    snap.read_errors = prev.read_errors.clone();
+    snap.last_run = Some(LimitsRun {
+        seconds: t0.elapsed().as_secs_f64(),
+        failed_reads: u32::try_from(errors.len()).unwrap_or(u32::MAX),
+    });
+    snap
+}
+
 fn collect(
     cfg: &LimitsSettings,
-    volumes: &VolumeSet,
-    clusters: &[ClusterSnapshot],
+    inputs: &dyn Inputs,
     prev: &mut Prev,
+    errors: &mut PassErrors,
 ) -> LimitsSnapshot {
     let now = Instant::now();
     let dt = prev
@@ -204,68 +243,73 @@ fn collect(
         .map(|t| now.duration_since(t).as_secs_f64())
         .filter(|d| *d > 0.0);
     let mut out = LimitsSnapshot::default();
-    let own =
-        read_proc_cgroup(&cfg.proc_root, "self").and_then(|c| cgroup::locate(&cfg.cgroup_root, &c));
+    let clusters = inputs.clusters();
+    let vols = inputs.volumes();
+    // The hierarchies under cgroup_root, looked at once per pass. `None`:
+    // cgroup reading is off (an empty directory) or failed (counted).
+    let layout = errors.note(cgroup::detect(&cfg.cgroup_root)).flatten();
+    let locate = |cg: &ProcCgroups| layout.as_ref().and_then(|l| l.locate(cg));
+    let own = errors
+        .note(read_proc_cgroup(&cfg.proc_root, "self"))
+        .flatten()
+        .and_then(|c| locate(&c));
     // cluster name → located postmaster cgroup.
     let mut pg: BTreeMap<String, Located> = BTreeMap::new();
-    for c in clusters {
-        let Some(dd) = c.setting("data_directory").map(|s| PathBuf::from(&s.value)) else {
+    for c in &clusters {
+        let Some(dd) = &c.data_directory else {
             continue;
         };
-        if let Some(loc) = postmaster_pid(&dd)
-            .and_then(|pid| read_proc_cgroup(&cfg.proc_root, &pid))
-            .and_then(|cg| cgroup::locate(&cfg.cgroup_root, &cg))
+        let Some(pid) = errors.note(postmaster_pid(dd)).flatten() else {
+            continue;
+        };
+        if let Some(loc) = errors
+            .note(read_proc_cgroup(&cfg.proc_root, &pid.to_string()))
+            .flatten()
+            .and_then(|cg| locate(&cg))
         {
             pg.insert(c.name.clone(), loc);
         }
     }
-    let disk_stats = diskstats::read(&cfg.proc_root);
+    // A failed read leaves no baseline: the next good reading starts over
+    // rather than spanning the gap with a rate.
+    let disk_stats = errors
+        .note(diskstats::read(&cfg.proc_root))
+        .unwrap_or_default();
     let mut next_cgroup = BTreeMap::new();
     let mut next_own = BTreeMap::new();
     let mut seen_pressure = Vec::new();
     // disk → (tightest write-IOPS cap that counts the exporter's own IO,
     // the exporter's planned device writes per second on the disk).
     let mut own_share: BTreeMap<String, (Option<f64>, f64)> = BTreeMap::new();
-    // One snapshot per volume for the whole pass: the per-disk sum of commit
-    // probes below reads every volume's, once per volume it serves.
-    let snaps_now = Instant::now();
-    let vols: Vec<_> = volumes
-        .list()
-        .into_iter()
-        .map(|v| {
-            let s = v.snapshot(snaps_now, &[]);
-            (v, s)
-        })
-        .collect();
-    for (v, snap) in &vols {
-        let Some(disk) = snap.fs.disk.clone() else {
-            if let Some(r) = &snap.fs.disk_reason {
-                out.no_disk.insert(v.name.clone(), r.clone());
+    for v in &vols {
+        let disk = match &v.disk {
+            Ok(d) => d.clone(),
+            Err(reason) => {
+                if let Some(r) = reason {
+                    out.no_disk.insert(v.name.clone(), r.clone());
+                }
+                // Provisioned limits are still facts about the volume,
+                // without a disk to measure their utilization on.
+                for (resource, value) in &v.provisioned {
+                    out.rows.push(LimitRow {
+                        volume: v.name.clone(),
+                        source: "provisioned",
+                        resource: *resource,
+                        value: *value as f64,
+                        utilization: None,
+                    });
+                }
+                continue;
             }
-            // Provisioned limits are still facts about the volume, without
-            // a disk to measure their utilization on.
-            for (resource, value) in &v.provisioned {
-                out.rows.push(LimitRow {
-                    volume: v.name.clone(),
-                    source: "provisioned",
-                    resource,
-                    value: *value as f64,
-                    utilization: None,
-                });
-            }
-            continue;
         };
         let cluster = clusters
             .iter()
             .find(|c| c.volumes.iter().any(|(vol, _)| *vol == v.name));
         let configured = v.cgroup.as_ref().and_then(|p| {
-            cgroup::locate(
-                &cfg.cgroup_root,
-                &ProcCgroups {
-                    v2: Some(p.clone()),
-                    blkio: Some(p.clone()),
-                },
-            )
+            locate(&ProcCgroups {
+                v2: Some(p.clone()),
+                blkio: Some(p.clone()),
+            })
         });
         let (scope, loc) = match (
             &configured,
@@ -283,8 +327,11 @@ fn collect(
                 cgroup: loc.path.clone(),
                 disk: disk.name.clone(),
             });
-            let limits = cgroup::effective_limits(loc, &disk.majmin);
-            let counters = cgroup::counters(loc, &disk.majmin);
+            // Unreadable limits: no rows (unknown), the failure is counted.
+            let limits = errors
+                .note(cgroup::effective_limits(loc, &disk.majmin))
+                .unwrap_or_default();
+            let counters = errors.note(cgroup::counters(loc, &disk.majmin)).flatten();
             let key = (v.name.clone(), scope.clone());
             let delta = match (dt, counters, prev.cgroup.get(&key)) {
                 (Some(dt), Some(c), Some(p)) => Some((c, *p, dt)),
@@ -293,10 +340,19 @@ fn collect(
             for (resource, value) in limits.resources() {
                 let utilization = delta.map(|(c, p, dt)| {
                     let d = match resource {
-                        "read_iops" => c.read_ios.saturating_sub(p.read_ios),
-                        "write_iops" => c.write_ios.saturating_sub(p.write_ios),
-                        "read_bytes_per_second" => c.read_bytes.saturating_sub(p.read_bytes),
-                        _ => c.write_bytes.saturating_sub(p.write_bytes),
+                        Resource::ReadIops => c.read_ios.saturating_sub(p.read_ios),
+                        Resource::WriteIops => c.write_ios.saturating_sub(p.write_ios),
+                        Resource::ReadBytesPerSecond => c.read_bytes.saturating_sub(p.read_bytes),
+                        Resource::WriteBytesPerSecond => {
+                            c.write_bytes.saturating_sub(p.write_bytes)
+                        }
+                        // cgroups cap reads and writes apart; these never
+                        // come from Limits::resources.
+                        Resource::Iops => {
+                            (c.read_ios + c.write_ios).saturating_sub(p.read_ios + p.write_ios)
+                        }
+                        Resource::BytesPerSecond => (c.read_bytes + c.write_bytes)
+                            .saturating_sub(p.read_bytes + p.write_bytes),
                     };
                     d as f64 / dt / value as f64
                 });
@@ -312,7 +368,7 @@ fn collect(
                 next_cgroup.insert(key, c);
             }
             if !seen_pressure.contains(&loc.path) {
-                for (kind, secs) in cgroup::pressure(loc) {
+                for (kind, secs) in errors.note(cgroup::pressure(loc)).unwrap_or_default() {
                     out.pressure
                         .push((scope.clone(), loc.path.clone(), kind, secs));
                 }
@@ -326,13 +382,13 @@ fn collect(
             let utilization = match (dt, ds_now, ds_prev) {
                 (Some(dt), Some(a), Some(b)) => {
                     let d = a.delta(&b);
-                    let rate = match *resource {
-                        "iops" => (d.reads + d.writes) as f64,
-                        "read_iops" => d.reads as f64,
-                        "write_iops" => d.writes as f64,
-                        "bytes_per_second" => (d.read_bytes + d.write_bytes) as f64,
-                        "read_bytes_per_second" => d.read_bytes as f64,
-                        _ => d.write_bytes as f64,
+                    let rate = match resource {
+                        Resource::Iops => (d.reads + d.writes) as f64,
+                        Resource::ReadIops => d.reads as f64,
+                        Resource::WriteIops => d.writes as f64,
+                        Resource::BytesPerSecond => (d.read_bytes + d.write_bytes) as f64,
+                        Resource::ReadBytesPerSecond => d.read_bytes as f64,
+                        Resource::WriteBytesPerSecond => d.write_bytes as f64,
                     } / dt;
                     Some(rate / *value as f64)
                 }
@@ -341,13 +397,13 @@ fn collect(
             out.rows.push(LimitRow {
                 volume: v.name.clone(),
                 source: "provisioned",
-                resource,
+                resource: *resource,
                 value: *value as f64,
                 utilization,
             });
         }
         // A plateau found by the queue-depth sweep.
-        if let Some(d) = v.sweep().and_then(|s| s.detected) {
+        if let Some(d) = v.detected_read_iops {
             let utilization = match (dt, ds_now, ds_prev) {
                 (Some(dt), Some(a), Some(b)) => Some(a.delta(&b).reads as f64 / dt / d),
                 _ => None,
@@ -355,7 +411,7 @@ fn collect(
             out.rows.push(LimitRow {
                 volume: v.name.clone(),
                 source: "detected",
-                resource: "read_iops",
+                resource: Resource::ReadIops,
                 value: d,
                 utilization,
             });
@@ -363,16 +419,16 @@ fn collect(
         // Writes per commit probe, from the exporter's own cgroup.
         if v.commit_probe
             && let Some(o) = own.as_ref().filter(|o| o.path != "/")
-            && let Some(c) = cgroup::counters(o, &disk.majmin)
+            && let Some(c) = errors.note(cgroup::counters(o, &disk.majmin)).flatten()
         {
             // The exporter's writes on a disk come from every commit-probing
             // volume on it: divide by all their probes, not this volume's.
             let probes: u64 = vols
                 .iter()
-                .filter(|(o, s)| {
-                    o.commit_probe && s.fs.disk.as_ref().is_some_and(|d| d.majmin == disk.majmin)
+                .filter(|o| {
+                    o.commit_probe && o.disk.as_ref().is_ok_and(|d| d.majmin == disk.majmin)
                 })
-                .map(|(_, s)| s.commit_probes)
+                .map(|o| o.commit_probes)
                 .sum();
             if let Some(&(pw, pp)) = prev.own.get(&v.name)
                 && probes >= pp + 3
@@ -397,7 +453,7 @@ fn collect(
         let provisioned = v
             .provisioned
             .iter()
-            .filter(|(r, _)| matches!(*r, "write_iops" | "iops"))
+            .filter(|(r, _)| r.counts_writes())
             .map(|(_, n)| *n as f64);
         let planned = if v.commit_probe {
             let wpc = prev
@@ -405,7 +461,7 @@ fn collect(
                 .get(&v.name)
                 .copied()
                 .unwrap_or(pacing::DEFAULT_WRITES_PER_COMMIT);
-            wpc * pacing::commits_per_second(v.interval, v.busy_every, BURST_COMMITS)
+            wpc * pacing::commits_per_second(v.interval, v.busy_every, v.burst_commits)
         } else {
             0.0
         };
@@ -413,8 +469,9 @@ fn collect(
         // volume on it: read them once per disk and pass.
         let e = own_share.entry(disk.majmin.clone()).or_insert_with(|| {
             let own_cap = own.as_ref().and_then(|o| {
-                cgroup::effective_limits(o, &disk.majmin)
-                    .write_iops
+                errors
+                    .note(cgroup::effective_limits(o, &disk.majmin))
+                    .and_then(|l| l.write_iops)
                     .map(|n| n as f64)
             });
             (own_cap, 0.0)
@@ -422,13 +479,13 @@ fn collect(
         e.0 = provisioned.chain(e.0).reduce(f64::min);
         e.1 += planned;
     }
-    for (v, snap) in &vols {
-        let Some(disk) = &snap.fs.disk else { continue };
+    for v in &vols {
+        let Ok(disk) = &v.disk else { continue };
         let Some(&(cap, planned)) = own_share.get(&disk.majmin) else {
             continue;
         };
         let factor = cap.map_or(1.0, |c| pacing::slowdown(planned, c));
-        let before = v.set_slowdown(factor);
+        let before = inputs.set_slowdown(&v.name, factor);
         if (before - factor).abs() > 0.01 * before {
             tracing::info!(
                 volume = %v.name,
@@ -453,3 +510,6 @@ fn collect(
     prev.at = Some(now);
     out
 }
+
+#[cfg(test)]
+mod tests;

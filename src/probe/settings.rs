@@ -96,7 +96,7 @@ pub struct VolumeSpec {
     pub probe_dir: PathBuf,
     pub probe: ProbeSettings,
     /// Provisioned (cloud) limits: (resource label, value).
-    pub provisioned: Vec<(&'static str, u64)>,
+    pub provisioned: Vec<(crate::types::Resource, u64)>,
     /// A configured cgroup path whose limits apply.
     pub cgroup: Option<String>,
 }

@@ -38,7 +38,7 @@ pub struct VolumeState {
     pub interval: Duration,
     pub busy_every: Duration,
     /// Provisioned limits from the config: (resource, value).
-    pub provisioned: Vec<(&'static str, u64)>,
+    pub provisioned: Vec<(crate::types::Resource, u64)>,
     /// Configured cgroup path whose limits apply to this volume.
     pub cgroup: Option<String>,
     /// Cumulative histogram and error counts.

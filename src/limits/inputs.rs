@@ -1,0 +1,61 @@
+//! What the limits collector needs from the rest of the daemon, as plain
+//! data behind a small trait: the daemon (src/app) implements it over its
+//! volumes and clusters, tests over fixtures. The collector does not know
+//! how probes run or how PostgreSQL is scraped.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::types::Resource;
+
+/// A whole block device (IO limits apply to whole disks, not partitions).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskInput {
+    /// Kernel name, as /proc/diskstats names it: `vda`, `nvme0n1`, `dm-2`.
+    pub name: String,
+    /// `MAJ:MIN`, as the cgroup files name it.
+    pub majmin: String,
+}
+
+/// One watched volume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeInput {
+    pub name: String,
+    /// The volume's whole disk, or why it is unknown.
+    pub disk: Result<DiskInput, Option<String>>,
+    /// Provisioned limits from the config.
+    pub provisioned: Vec<(Resource, u64)>,
+    /// A configured cgroup path whose limits apply to the volume.
+    pub cgroup: Option<String>,
+    /// Whether the volume runs the commit probe, and on what schedule: a
+    /// lone probe every `interval`, a burst of `burst_commits` every
+    /// `busy_every` (zero: none).
+    pub commit_probe: bool,
+    pub interval: Duration,
+    pub busy_every: Duration,
+    pub burst_commits: u32,
+    /// Commit probes done since start.
+    pub commit_probes: u64,
+    /// The read-IOPS plateau of the latest queue-depth sweep, if any.
+    pub detected_read_iops: Option<f64>,
+}
+
+/// One watched PostgreSQL cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterInput {
+    pub name: String,
+    /// As the server reports it; `None` until the collector has read it.
+    pub data_directory: Option<PathBuf>,
+    /// (volume, role) of the volumes holding its directories.
+    pub volumes: Vec<(String, String)>,
+}
+
+/// The daemon's side of the limits collector.
+pub trait Inputs: Send + Sync {
+    fn volumes(&self) -> Vec<VolumeInput>;
+    fn clusters(&self) -> Vec<ClusterInput>;
+    /// Stretches a volume's probe schedule by `factor` (1 = as configured)
+    /// and returns the factor in force before; `factor` itself when the
+    /// volume is gone.
+    fn set_slowdown(&self, volume: &str, factor: f64) -> f64;
+}

@@ -1,0 +1,199 @@
+//! Whole passes over fixture trees with a fake daemon: which reads count
+//! as failures and which absences are facts.
+
+use std::time::Duration;
+
+use super::*;
+
+#[derive(Debug, Default)]
+struct Fake {
+    volumes: Vec<VolumeInput>,
+    clusters: Vec<ClusterInput>,
+}
+
+impl Inputs for Fake {
+    fn volumes(&self) -> Vec<VolumeInput> {
+        self.volumes.clone()
+    }
+    fn clusters(&self) -> Vec<ClusterInput> {
+        self.clusters.clone()
+    }
+    fn set_slowdown(&self, _: &str, factor: f64) -> f64 {
+        factor
+    }
+}
+
+fn volume(name: &str) -> VolumeInput {
+    VolumeInput {
+        name: name.into(),
+        disk: Ok(DiskInput {
+            name: "vda".into(),
+            majmin: "254:0".into(),
+        }),
+        provisioned: vec![(Resource::Iops, 3000)],
+        cgroup: None,
+        commit_probe: false,
+        interval: Duration::from_secs(1),
+        busy_every: Duration::ZERO,
+        burst_commits: 24,
+        commit_probes: 0,
+        detected_read_iops: None,
+    }
+}
+
+/// A v2 host: the exporter in /exporter, PostgreSQL (pid 4242) in
+/// /system.slice/postgresql.service with a write-IOPS cap on vda.
+struct Host {
+    _dir: tempfile::TempDir,
+    cfg: LimitsSettings,
+    data: PathBuf,
+}
+
+fn host() -> Host {
+    let dir = tempfile::tempdir().unwrap();
+    let cg = dir.path().join("cgroup");
+    let proc = dir.path().join("proc");
+    let data = dir.path().join("data");
+    let pg = cg.join("system.slice/postgresql.service");
+    std::fs::create_dir_all(&pg).unwrap();
+    std::fs::create_dir_all(cg.join("exporter")).unwrap();
+    std::fs::create_dir_all(proc.join("self")).unwrap();
+    std::fs::create_dir_all(proc.join("4242")).unwrap();
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(cg.join("cgroup.controllers"), "cpu io memory").unwrap();
+    std::fs::write(
+        pg.join("io.max"),
+        "254:0 rbps=max wbps=max riops=max wiops=100\n",
+    )
+    .unwrap();
+    std::fs::write(proc.join("self/cgroup"), "0::/exporter\n").unwrap();
+    std::fs::write(
+        proc.join("4242/cgroup"),
+        "0::/system.slice/postgresql.service\n",
+    )
+    .unwrap();
+    std::fs::write(
+        proc.join("diskstats"),
+        " 254       0 vda 874 12 51234 100 542 30 9000 200 0 300 400 0 0 0 0 10 5\n",
+    )
+    .unwrap();
+    std::fs::write(data.join("postmaster.pid"), "4242\n/data\n").unwrap();
+    Host {
+        cfg: LimitsSettings {
+            interval: Duration::from_secs(1),
+            cgroup_root: cg,
+            proc_root: proc,
+            sys_root: dir.path().join("sys"),
+        },
+        _dir: dir,
+        data,
+    }
+}
+
+fn inputs(h: &Host) -> Fake {
+    Fake {
+        volumes: vec![volume("c/wal")],
+        clusters: vec![ClusterInput {
+            name: "c".into(),
+            data_directory: Some(h.data.clone()),
+            volumes: vec![("c/wal".into(), "wal".into())],
+        }],
+    }
+}
+
+fn run(h: &Host, f: &Fake, prev: &mut Prev) -> LimitsSnapshot {
+    pass(&h.cfg, f, prev, Instant::now())
+}
+
+#[test]
+fn a_healthy_host_has_no_failed_reads() {
+    let h = host();
+    let mut prev = Prev::default();
+    let s = run(&h, &inputs(&h), &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(0));
+    assert!(s.read_errors.is_empty());
+    assert_eq!(s.write_iops_limit("c/wal"), Some(100.0));
+    assert_eq!(s.cgroups[0].scope, "postgres:c");
+}
+
+#[test]
+fn postgres_down_or_gone_is_not_a_failure() {
+    let h = host();
+    let f = inputs(&h);
+    let mut prev = Prev::default();
+    // A clean shutdown removes postmaster.pid: the exporter's cgroup is used.
+    std::fs::remove_file(h.data.join("postmaster.pid")).unwrap();
+    let s = run(&h, &f, &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(0));
+    assert_eq!(s.cgroups[0].scope, "exporter");
+    // A crash leaves it behind, naming a pid that no longer runs.
+    std::fs::write(h.data.join("postmaster.pid"), "9999\n").unwrap();
+    let s = run(&h, &f, &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(0));
+    // A data directory on another host does not exist here.
+    let mut remote = f;
+    remote.clusters[0].data_directory = Some("/nonexistent/remote".into());
+    let s = run(&h, &remote, &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(0));
+    assert!(s.read_errors.is_empty());
+}
+
+#[test]
+fn unreadable_files_are_counted_per_pass_and_since_start() {
+    let h = host();
+    let f = inputs(&h);
+    let mut prev = Prev::default();
+    let io_max = h
+        .cfg
+        .cgroup_root
+        .join("system.slice/postgresql.service/io.max");
+    std::fs::write(&io_max, "254:0 wiops=a-hundred\n").unwrap();
+    std::fs::write(h.data.join("postmaster.pid"), "not a pid\n").unwrap();
+    for n in 1..=3u64 {
+        let s = run(&h, &f, &mut prev);
+        // postmaster.pid unparsable: the volume falls back to the
+        // exporter's cgroup, whose limits read fine. One failure.
+        assert_eq!(s.last_run.map(|r| r.failed_reads), Some(1));
+        assert_eq!(s.read_errors.get(&("postmaster_pid", "parse")), Some(&n));
+    }
+    // The pid readable again, io.max still broken: no cgroup limit rows
+    // (unknown), not an absent limit.
+    std::fs::write(h.data.join("postmaster.pid"), "4242\n").unwrap();
+    let s = run(&h, &f, &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(1));
+    assert_eq!(s.read_errors.get(&("cgroup_limits", "parse")), Some(&1));
+    assert_eq!(s.read_errors.get(&("postmaster_pid", "parse")), Some(&3));
+    assert_eq!(s.write_iops_limit("c/wal"), None);
+    assert!(s.rows.iter().all(|r| r.source != "cgroup"));
+
+    // /proc/diskstats as a directory and /proc/self/cgroup missing: a
+    // wrong proc_root.
+    std::fs::write(&io_max, "254:0 wiops=100\n").unwrap();
+    std::fs::remove_file(h.cfg.proc_root.join("diskstats")).unwrap();
+    std::fs::create_dir(h.cfg.proc_root.join("diskstats")).unwrap();
+    std::fs::remove_file(h.cfg.proc_root.join("self/cgroup")).unwrap();
+    let s = run(&h, &f, &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(2));
+    assert_eq!(s.read_errors.get(&("diskstats", "EISDIR")), Some(&1));
+    assert_eq!(s.read_errors.get(&("proc_cgroup", "ENOENT")), Some(&1));
+}
+
+#[test]
+fn a_cgroup_root_that_is_not_a_hierarchy_fails_an_empty_one_is_off() {
+    let mut h = host();
+    let f = inputs(&h);
+    let mut prev = Prev::default();
+    let not_cg = h.cfg.proc_root.clone();
+    h.cfg.cgroup_root = not_cg;
+    let s = run(&h, &f, &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(1));
+    assert_eq!(s.read_errors.get(&("cgroup_limits", "ENOENT")), Some(&1));
+    assert!(s.cgroups.is_empty());
+    let empty = tempfile::tempdir().unwrap();
+    h.cfg.cgroup_root = empty.path().to_path_buf();
+    let s = run(&h, &f, &mut prev);
+    assert_eq!(s.last_run.map(|r| r.failed_reads), Some(0));
+    assert!(s.cgroups.is_empty());
+    // Provisioned limits do not depend on cgroups.
+    assert!(s.rows.iter().any(|r| r.source == "provisioned"));
+}

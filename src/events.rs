@@ -48,7 +48,7 @@ impl<K, C> Default for Incidents<K, C> {
     }
 }
 
-impl<K: Ord + Copy, C: Copy + PartialEq> Incidents<K, C> {
+impl<K: Ord + Clone, C: Copy + PartialEq> Incidents<K, C> {
     /// Records a failure of `what` and says whether to log it.
     pub fn failed(&mut self, what: K, cause: C, now: Instant) -> Report {
         match self.open.get_mut(&what) {
@@ -99,6 +99,11 @@ impl<K: Ord + Copy, C: Copy + PartialEq> Incidents<K, C> {
                 logged: now,
             },
         );
+    }
+
+    /// What is failing now.
+    pub fn failing(&self) -> impl Iterator<Item = &K> {
+        self.open.keys()
     }
 
     /// Records a success of `what`. When it was failing: how many times

@@ -26,13 +26,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "postgres",
         &["model", "types", "units", "events", "families", "sys"],
     ),
-    // Until the limits collector takes its inputs from the daemon: it
-    // still reads the volume and cluster sets itself.
     (
         "limits",
-        &[
-            "model", "types", "units", "events", "families", "sys", "probe", "postgres",
-        ],
+        &["model", "types", "units", "events", "families", "sys"],
     ),
     (
         "exposition",

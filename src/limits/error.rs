@@ -11,7 +11,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+use crate::events::{Incidents, Report};
 
 /// Which of the collector's inputs a failed read was: the `kind` label of
 /// `pgstorage_limits_read_errors_total`.
@@ -204,17 +206,13 @@ impl PassErrors {
     }
 }
 
-/// How often a read that keeps failing the same way is logged again.
-pub const REPEAT_WARNING: Duration = Duration::from_secs(3600);
-
 /// Remembers which reads are failing so the log says so once, not every
-/// pass: a warning when a read starts failing or fails differently, again
-/// at most every [`REPEAT_WARNING`] while it keeps failing, and an info when
-/// it reads again.
+/// pass, with the crate's one incident policy (`crate::events`): a warning
+/// when a read starts failing or fails differently, again at most every
+/// [`LOG_REPEAT`] while it keeps failing, and an info when it reads again.
 #[derive(Debug, Default)]
 pub struct ErrorLog {
-    /// (kind, file) → (cause label, when last warned).
-    failing: BTreeMap<(Kind, PathBuf), (&'static str, Instant)>,
+    incidents: Incidents<(Kind, PathBuf), &'static str>,
 }
 
 /// What [`ErrorLog::update`] decided to log, for tests.
@@ -229,32 +227,29 @@ impl ErrorLog {
         let mut out = Vec::new();
         for ((kind, path), e) in &pass.errors {
             let cause = e.cause.label();
-            let key = (*kind, path.clone());
-            let warn = match self.failing.get(&key) {
-                None => true,
-                Some((c, _)) if *c != cause => true,
-                Some((_, at)) => now.saturating_duration_since(*at) >= REPEAT_WARNING,
+            let failures = match self.incidents.failed((*kind, path.clone()), cause, now) {
+                Report::New => None,
+                Report::Again { failures } => Some(failures),
+                Report::Quiet => continue,
             };
-            if warn {
-                tracing::warn!(
-                    kind = kind.as_str(),
-                    path = %path.display(),
-                    cause,
-                    error = %e.cause,
-                    "IO limits: cannot read a file the limits depend on; its limits are unknown, not absent"
-                );
-                self.failing.insert(key, (cause, now));
-                out.push(Logged::Warn(*kind, path.clone(), cause));
-            }
+            tracing::warn!(
+                kind = kind.as_str(),
+                path = %path.display(),
+                cause,
+                error = %e.cause,
+                failures,
+                "IO limits: cannot read a file the limits depend on; its limits are unknown, not absent"
+            );
+            out.push(Logged::Warn(*kind, path.clone(), cause));
         }
         let recovered: Vec<_> = self
-            .failing
-            .keys()
+            .incidents
+            .failing()
             .filter(|k| !pass.errors.contains_key(*k))
             .cloned()
             .collect();
         for key in recovered {
-            self.failing.remove(&key);
+            self.incidents.succeeded(key.clone(), now);
             tracing::info!(
                 kind = key.0.as_str(),
                 path = %key.1.display(),
@@ -269,6 +264,8 @@ impl ErrorLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::LOG_REPEAT;
+    use std::time::Duration;
 
     #[test]
     fn causes_are_errno_names_or_parse() {
@@ -341,7 +338,7 @@ mod tests {
     }
 
     #[test]
-    fn warns_once_then_hourly_or_on_change_and_says_when_it_recovers() {
+    fn warns_once_then_every_log_repeat_or_on_change_and_says_when_it_recovers() {
         let path = Path::new("/cg/io.max");
         let failing = |cause: Cause| {
             let mut p = PassErrors::default();
@@ -368,10 +365,17 @@ mod tests {
             log.update(&eio, t0 + Duration::from_secs(20)),
             vec![Logged::Warn(Kind::CgroupLimits, path.into(), "EIO")]
         );
-        assert!(log.update(&eio, t0 + Duration::from_secs(3000)).is_empty());
-        // An hour after the last warning, once more.
-        assert_eq!(log.update(&eio, t0 + Duration::from_secs(3620)).len(), 1);
-        assert!(log.update(&eio, t0 + Duration::from_secs(3700)).is_empty());
+        assert!(log.update(&eio, t0 + Duration::from_secs(300)).is_empty());
+        // LOG_REPEAT after the last warning, once more.
+        assert_eq!(
+            log.update(&eio, t0 + Duration::from_secs(20) + LOG_REPEAT)
+                .len(),
+            1
+        );
+        assert!(
+            log.update(&eio, t0 + Duration::from_secs(30) + LOG_REPEAT)
+                .is_empty()
+        );
         assert_eq!(
             log.update(&PassErrors::default(), t0 + Duration::from_secs(3710)),
             vec![Logged::Recovered(Kind::CgroupLimits, path.into())]

@@ -54,6 +54,9 @@ pub struct Metrics {
     clusters: Arc<ClusterSet>,
     limits: Arc<LimitsState>,
     config: config::ConfigMetrics,
+    /// Length of the latest body, so the next one is allocated at its size
+    /// once instead of grown (and copied) several times.
+    last_len: std::sync::atomic::AtomicUsize,
 }
 
 impl Metrics {
@@ -74,6 +77,7 @@ impl Metrics {
                 clusters: Arc::new(ClusterSet::default()),
                 limits: Arc::new(LimitsState::default()),
                 config,
+                last_len: Default::default(),
             },
             volumes,
         )
@@ -106,7 +110,8 @@ impl Metrics {
             &volumes.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
             &clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
         );
-        let mut out = String::with_capacity(64 * 1024);
+        let last = self.last_len.load(std::sync::atomic::Ordering::Relaxed);
+        let mut out = String::with_capacity((last + last / 8).max(64 * 1024));
         match format {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
@@ -122,6 +127,8 @@ impl Metrics {
                 limits::encode(&mut out, format, &limits);
             }
         }
+        self.last_len
+            .store(out.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
 }

@@ -2,32 +2,50 @@
 //! the Prometheus text format and OpenMetrics, which differ only in how a
 //! counter's family is named in HELP/TYPE lines.
 
+use std::borrow::Cow;
 use std::fmt::Write;
 
 use super::Format;
 
-/// Escapes a label value (backslash, double quote, newline).
-pub fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
+/// Escapes a label value (backslash, double quote, newline); borrowed when
+/// there is nothing to escape, as for almost every value.
+pub fn escape(v: &str) -> Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return Cow::Borrowed(v);
     }
-    out
+    let mut out = String::with_capacity(v.len() + 8);
+    escape_into(&mut out, v);
+    Cow::Owned(out)
+}
+
+/// Appends `v` to `out`, escaped as a label value.
+fn escape_into(out: &mut String, v: &str) {
+    let mut rest = v;
+    while let Some(i) = rest.find(['\\', '"', '\n']) {
+        out.push_str(&rest[..i]);
+        out.push_str(match rest.as_bytes()[i] {
+            b'\\' => "\\\\",
+            b'"' => "\\\"",
+            _ => "\\n",
+        });
+        rest = &rest[i + 1..];
+    }
+    out.push_str(rest);
 }
 
 /// `{k="v",...}` with escaped values.
 pub fn labels(pairs: &[(&str, &str)]) -> String {
-    let mut s = String::from("{");
+    let len: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    let mut s = String::with_capacity(len + 2);
+    s.push('{');
     for (i, (k, v)) in pairs.iter().enumerate() {
         if i > 0 {
             s.push(',');
         }
-        let _ = write!(s, "{k}=\"{}\"", escape(v));
+        s.push_str(k);
+        s.push_str("=\"");
+        escape_into(&mut s, v);
+        s.push('"');
     }
     s.push('}');
     s
@@ -55,7 +73,9 @@ pub fn counter_header(out: &mut String, format: Format, base: &str, help: &str) 
 }
 
 pub fn sample(out: &mut String, name: &str, labels: &str, value: f64) {
-    let _ = writeln!(out, "{name}{labels} {value}");
+    out.push_str(name);
+    out.push_str(labels);
+    let _ = writeln!(out, " {value}");
 }
 
 #[cfg(test)]
@@ -66,6 +86,9 @@ mod tests {
     fn escapes_label_values() {
         assert_eq!(escape(r#"/srv/a"b\c"#), r#"/srv/a\"b\\c"#);
         assert_eq!(escape("x\ny"), "x\\ny");
+        assert_eq!(escape("\\\"\n"), r#"\\\"\n"#);
+        assert!(matches!(escape("/srv/pg ü"), Cow::Borrowed("/srv/pg ü")));
+        assert_eq!(labels(&[]), "{}");
         assert_eq!(labels(&[("a", "1"), ("b", "x\"y")]), r#"{a="1",b="x\"y"}"#);
     }
 

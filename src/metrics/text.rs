@@ -10,7 +10,7 @@ use super::Format;
 /// Escapes a label value (backslash, double quote, newline); borrowed when
 /// there is nothing to escape, as for almost every value.
 pub fn escape(v: &str) -> Cow<'_, str> {
-    if !v.contains(['\\', '"', '\n']) {
+    if !v.bytes().any(|b| matches!(b, b'\\' | b'"' | b'\n')) {
         return Cow::Borrowed(v);
     }
     let mut out = String::with_capacity(v.len() + 8);
@@ -21,7 +21,7 @@ pub fn escape(v: &str) -> Cow<'_, str> {
 /// Appends `v` to `out`, escaped as a label value.
 fn escape_into(out: &mut String, v: &str) {
     let mut rest = v;
-    while let Some(i) = rest.find(['\\', '"', '\n']) {
+    while let Some(i) = rest.bytes().position(|b| matches!(b, b'\\' | b'"' | b'\n')) {
         out.push_str(&rest[..i]);
         out.push_str(match rest.as_bytes()[i] {
             b'\\' => "\\\\",

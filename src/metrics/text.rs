@@ -75,7 +75,24 @@ pub fn counter_header(out: &mut String, format: Format, base: &str, help: &str) 
 pub fn sample(out: &mut String, name: &str, labels: &str, value: f64) {
     out.push_str(name);
     out.push_str(labels);
-    let _ = writeln!(out, " {value}");
+    out.push(' ');
+    push_f64(out, value);
+    out.push('\n');
+}
+
+/// Appends `v` exactly as `{v}` (Display) would, but whole numbers below
+/// 2^53 (most counters: operations, bytes) through the integer formatter,
+/// several times cheaper than the float one. The digits are the same: below
+/// 2^53 the neighbours of a whole number are at most 1 apart, so its
+/// shortest round-trip digits are all of its digits. -0 keeps the float
+/// path (it prints "-0").
+fn push_f64(out: &mut String, v: f64) {
+    const EXACT: f64 = (1u64 << 53) as f64;
+    if v.fract() == 0.0 && v.abs() < EXACT && !(v == 0.0 && v.is_sign_negative()) {
+        let _ = write!(out, "{}", v as i64);
+    } else {
+        let _ = write!(out, "{v}");
+    }
 }
 
 #[cfg(test)]
@@ -90,6 +107,48 @@ mod tests {
         assert!(matches!(escape("/srv/pg ü"), Cow::Borrowed("/srv/pg ü")));
         assert_eq!(labels(&[]), "{}");
         assert_eq!(labels(&[("a", "1"), ("b", "x\"y")]), r#"{a="1",b="x\"y"}"#);
+    }
+
+    #[test]
+    fn whole_numbers_print_as_display_does() {
+        let exact = (1u64 << 53) as f64;
+        let mut vs = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            1e-7,
+            123.456,
+            1e15,
+            1e15 + 1.0,
+            exact - 1.0,
+            exact,
+            exact + 2.0,
+            1e16,
+            1e21,
+            1e300,
+            -(exact - 1.0),
+            f64::MAX,
+            f64::MIN_POSITIVE,
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+        ];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        for _ in 0..10_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            vs.push((x >> (x % 64)) as f64);
+            vs.push(-((x >> 11) as f64));
+            vs.push(f64::from_bits(x));
+        }
+        for v in vs {
+            let mut got = String::new();
+            push_f64(&mut got, v);
+            assert_eq!(got, format!("{v}"), "{v:e}");
+        }
     }
 
     #[test]

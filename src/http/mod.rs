@@ -65,8 +65,9 @@ impl Renders {
         }
         let started = Instant::now();
         let m = metrics.clone();
-        // Encoding sorts every window: off the async workers, so accepting
-        // connections and the PostgreSQL collectors never wait for it.
+        // Encoding takes a millisecond or more: off the async workers, so
+        // accepting connections and the PostgreSQL collectors never wait
+        // for it.
         let body = tokio::task::spawn_blocking(move || m.encode(format))
             .await
             .map_err(|e| e.to_string())?

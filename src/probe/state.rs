@@ -241,8 +241,11 @@ impl VolumeState {
         let mut means = [None; SERIES];
         let mut count = [0u64; SERIES];
         let mut sum = [0f64; SERIES];
-        if let Ok(w) = self.windows.lock() {
-            for (i, win) in w.window.iter().enumerate().take(SERIES) {
+        if let Ok(mut w) = self.windows.lock() {
+            for (i, win) in w.window.iter_mut().enumerate().take(SERIES) {
+                // Expired samples out first: the quantiles are then rank
+                // lookups in the window's sorted copy, not a sort.
+                win.evict(now);
                 quantiles[i] = win.quantiles(now, qs);
                 samples[i] = win.live_len(now);
                 means[i] = win.mean(now);

@@ -6,12 +6,15 @@
 //! info and the process collector; each scrape adds one [`Scrape`]
 //! collector over ONE snapshot of the volumes, clusters and limits, so the
 //! quantiles, sample counts, ceilings and PostgreSQL figures of a scrape
-//! always agree. Only the window summary is written by hand (see
-//! [`summary`]): prometheus-client has no summary type.
+//! always agree. Two families are written by hand: the window summary
+//! ([`summary`]; prometheus-client has no summary type) and the probe
+//! histograms ([`histogram`]; their constant bucket labels are formatted
+//! once instead of on every line of every scrape).
 
 pub mod config;
 pub mod derived;
 pub mod health;
+pub mod histogram;
 pub mod limits;
 pub mod probe;
 pub mod process;
@@ -65,6 +68,9 @@ pub struct Metrics {
     clusters: Arc<ClusterSet>,
     limits: Arc<LimitsState>,
     config: config::ConfigMetrics,
+    /// The previous body's length: the next one is about as long, and
+    /// growing a 500 KB String from a small start copies it several times.
+    last_len: std::sync::atomic::AtomicUsize,
 }
 
 /// One scrape's state, taken once.
@@ -91,6 +97,7 @@ impl Metrics {
             clusters,
             limits,
             config,
+            last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
         }
     }
 
@@ -131,20 +138,25 @@ impl Metrics {
         let snap = Arc::new(self.snapshot());
         let mut scrape = Registry::default();
         scrape.register_collector(Box::new(Scrape(snap.clone())));
-        let mut out = String::with_capacity(64 * 1024);
+        let last = self.last_len.load(std::sync::atomic::Ordering::Relaxed);
+        let mut out = String::with_capacity(last + last / 8);
         match format {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
                 prometheus_client::encoding::text::encode_registry(&mut out, &scrape)?;
+                histogram::encode(&mut out, format, &snap.volumes);
                 summary::encode(&mut out, &snap.volumes);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &scrape)?;
+                histogram::encode(&mut out, format, &snap.volumes);
                 summary::encode(&mut out, &snap.volumes);
             }
         }
+        self.last_len
+            .store(out.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(out)
     }
 }

@@ -1,47 +1,15 @@
-//! The probe threads' cumulative counts: latency histograms, errors by
-//! cause, cache-served reads. Window-derived families are in
+//! The probe threads' cumulative counts: errors by cause, cache-served
+//! reads (the latency histograms are in [`super::histogram`]). Window-derived families are in
 //! [`super::derived`] and [`super::summary`].
 
 use std::sync::Arc;
 
-use crate::families::{counter, histogram};
+use crate::families::counter;
 use crate::probe::state::{Snapshot, VolumeState};
-use crate::types::{Op, Phase};
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 
 pub fn encode(enc: Enc<'_, '_>, volumes: &[(Arc<VolumeState>, Snapshot)]) -> std::fmt::Result {
-    let mut rows = Vec::new();
-    for (v, _) in volumes {
-        for op in Op::ALL {
-            for phase in Phase::ALL {
-                if let Some(h) = v.counts.histogram(op, phase) {
-                    rows.push((
-                        [
-                            ("volume", v.name.as_str()),
-                            ("op", op.as_str()),
-                            ("phase", phase.as_str()),
-                        ],
-                        h.sum,
-                        h.count,
-                        h.buckets,
-                    ));
-                }
-            }
-        }
-    }
-    histogram(
-        enc,
-        "pgstorage_probe_seconds",
-        "Latency of probe operations in seconds, measured by the exporter's own probe threads. \
-             op=write: 8 KiB write into the preallocated WAL probe file; op=sync: the fdatasync/fsync \
-             after it; op=commit: write+sync, what one commit waits for; op=read: 8 KiB O_DIRECT \
-             random read at queue depth 1. phase=busy: the second half of a burst of back-to-back \
-             probes (every busy_every), what an IO costs while the storage is busy; \
-             phase=after_idle: the lone probe of each interval, what an IO costs after a pause. \
-             Always select a phase",
-        rows,
-    )?;
     let errors: Vec<_> = volumes
         .iter()
         .flat_map(|(v, _)| {

@@ -537,6 +537,7 @@ fn documented_source_paths_exist() {
         root.join("README.md"),
         root.join("ARCHITECTURE.md"),
         root.join("BENCHMARKS.md"),
+        root.join("CONTRIBUTING.md"),
     ];
     for e in std::fs::read_dir(root.join("docs")).unwrap() {
         let p = e.unwrap().path();

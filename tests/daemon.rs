@@ -383,6 +383,10 @@ fn bad_flags_are_refused() {
             vec!["--web.listen-address", "nonsense"],
             "--web.listen-address \"nonsense\"",
         ),
+        (
+            vec!["--web.listen-address", "9847"],
+            "--web.listen-address \"9847\": a bare port; write \":9847\"",
+        ),
         (vec!["--probe.engine", "uring"], "invalid value 'uring'"),
     ] {
         let out = std::process::Command::new(BIN)
@@ -492,4 +496,66 @@ fn version_flag() {
         String::from_utf8_lossy(&out.stdout).trim(),
         format!("pg-storage-exporter {}", env!("CARGO_PKG_VERSION"))
     );
+}
+
+#[test]
+fn help_shows_every_default() {
+    use pg_storage_exporter::probe::settings::ProbeSettings;
+    use pg_storage_exporter::units::{fmt_bytes, fmt_duration};
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(BIN).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let main = help(&["--help"]);
+    let d = ProbeSettings::default();
+    for want in [
+        format!(
+            "(default: {}, or [defaults].interval",
+            fmt_duration(d.interval)
+        ),
+        format!(
+            "(default: {}, or [defaults].busy_every",
+            fmt_duration(d.busy_every)
+        ),
+        format!(
+            "(default: {}, or [defaults].read_file_size",
+            fmt_bytes(d.read_file_size)
+        ),
+        format!(
+            "(default: {}, or [defaults].free_space_reserve",
+            fmt_bytes(d.free_space_reserve)
+        ),
+        format!(
+            "(default: {}, or [defaults].sync_method",
+            d.sync_method.as_str()
+        ),
+        format!("(default: {}, or [defaults].engine", d.engine.as_str()),
+        format!(
+            "[default: {}]",
+            fmt_duration(pg_storage_exporter::config::DEFAULT_SCRAPE_INTERVAL)
+        ),
+        "[default: :9847]".to_string(),
+        "[default: /metrics]".to_string(),
+        "[default: info]".to_string(),
+        "[default: logfmt]".to_string(),
+        "Turns the default /var/tmp volume off".to_string(),
+    ] {
+        assert!(main.contains(&want), "{want} missing from:\n{main}");
+    }
+    let check = help(&["check", "--help"]);
+    for want in [
+        "[default: 10s]",
+        "[default: text]",
+        "[default: fdatasync]",
+        "[default: auto]",
+        "[default: 64MiB]",
+        "[default: 1GiB]",
+        "[default: 5us]",
+        "(default PATH/pg-storage-exporter-check)",
+        "(8s when given without a value",
+    ] {
+        assert!(check.contains(want), "{want} missing from:\n{check}");
+    }
 }

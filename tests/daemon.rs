@@ -559,3 +559,37 @@ fn help_shows_every_default() {
         assert!(check.contains(want), "{want} missing from:\n{check}");
     }
 }
+
+#[test]
+fn a_volume_on_tmpfs_is_warned_about_once_at_start_and_once_per_reload() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let ex = start_fast(dir.path(), &[]);
+    ex.wait_for("probes", Duration::from_secs(10), |m| {
+        count(m, "t", "commit") >= 2.0
+    });
+    let warned = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("code=memory_filesystem"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let lines = warned(&ex.log());
+    assert_eq!(lines.len(), 1, "{}", ex.log());
+    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("volume=t"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("tmpfs keeps files in memory: sync returns immediately"),
+        "{}",
+        lines[0]
+    );
+    // A reload says it again, once.
+    ex.signal(libc::SIGHUP);
+    ex.wait_log("configuration reloaded", Duration::from_secs(10));
+    let log = ex.log();
+    assert_eq!(warned(&log).len(), 2, "{log}");
+}

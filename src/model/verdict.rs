@@ -270,6 +270,47 @@ mod tests {
     }
 
     #[test]
+    fn volume_and_settings_warnings_table() {
+        let codes = |w: Vec<Warning>| w.into_iter().map(|w| w.code).collect::<Vec<_>>();
+        for (fstype, commit, read, want) in [
+            ("ext4", true, true, vec![]),
+            ("tmpfs", true, true, vec!["memory_filesystem"]),
+            ("overlay", true, false, vec!["overlay_filesystem"]),
+            ("fuse.sshfs", false, true, vec!["fuse_filesystem"]),
+            ("xfs", false, false, vec!["no_probe"]),
+            ("ramfs", false, false, vec!["memory_filesystem", "no_probe"]),
+        ] {
+            assert_eq!(
+                codes(volume_warnings(fstype, commit, read)),
+                want,
+                "{fstype} {commit} {read}"
+            );
+        }
+        for (settings, want) in [
+            (
+                vec![("track_io_timing", "on"), ("track_wal_io_timing", "on")],
+                vec![],
+            ),
+            (
+                vec![("track_io_timing", "on"), ("track_wal_io_timing", "off")],
+                vec!["track_wal_io_timing_off"],
+            ),
+            (
+                vec![("track_io_timing", "off"), ("track_wal_io_timing", "off")],
+                vec!["track_wal_io_timing_off", "track_io_timing_off"],
+            ),
+            // Not read (no permission): nothing said.
+            (vec![("shared_buffers", "16384")], vec![]),
+        ] {
+            assert_eq!(
+                codes(settings_warnings(settings.iter().copied())),
+                want,
+                "{settings:?}"
+            );
+        }
+    }
+
+    #[test]
     fn healthy_nvme_has_no_warnings() {
         assert!(codes(&base()).is_empty());
     }

@@ -593,3 +593,27 @@ fn a_volume_on_tmpfs_is_warned_about_once_at_start_and_once_per_reload() {
     let log = ex.log();
     assert_eq!(warned(&log).len(), 2, "{log}");
 }
+
+#[test]
+fn a_pg_dsn_cluster_without_discovery_or_volume_is_warned_about_once() {
+    // Port 1 on loopback: nothing listens there; the warning needs no server.
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        "c=host=127.0.0.1 port=1 user=x sslmode=disable",
+        "--no-pg.discover-volumes",
+    ]);
+    ex.wait_log("cannot connect to PostgreSQL", Duration::from_secs(10));
+    let log = ex.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("code=no_probed_volume"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("cluster=c"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("volume discovery is off for this cluster and no volume is configured"),
+        "{}",
+        lines[0]
+    );
+}

@@ -21,9 +21,9 @@ use crate::model::plateau::DepthPoint;
 use crate::model::verdict::{self, Observed, OpStats, Warning, fmt_seconds};
 use crate::probe::Rng;
 use crate::probe::engine::Engine;
-use crate::probe::files::{ProbeDir, raw};
+use crate::probe::files::{ProbeDir, SetupError, raw};
 use crate::probe::fsinfo::{self, Roots};
-use crate::probe::placement::check_probe_dir;
+use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, WAL_FILE_SIZE};
 use crate::types::{EngineChoice, EngineKind, SyncMethod};
 
@@ -128,13 +128,14 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
             probe_dir.display()
         );
     }
-    check_probe_dir(&path, &probe_dir).map_err(|m| anyhow::anyhow!(m))?;
+    check_probe_dir(&path, &probe_dir, Asker::Check).map_err(|m| anyhow::anyhow!(m))?;
     let fs = fsinfo::lookup(&path, &Roots::default());
     let (mut engine, fallback) = Engine::new(opts.engine)?;
     // Ctrl-C or SIGTERM end the run early; the files are still removed.
     crate::sys::catch_interrupts();
 
-    let dir = ProbeDir::open(&probe_dir)?;
+    let dir = ProbeDir::open(&probe_dir)
+        .map_err(|e| cannot_create(e, probe_dir.parent().unwrap_or(&path)))?;
     let result = measure(opts, &dir, &mut engine);
     let problems = dir.remove_all();
     for p in problems {
@@ -180,6 +181,27 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         sweep_plateau_read_iops: m.sweep.as_deref().and_then(crate::model::plateau::detect),
         sweep: m.sweep,
     })
+}
+
+/// A probe directory that cannot be created for lack of permission (or on
+/// a read-only filesystem) says so once, with what to do; other set-up
+/// errors are passed on as they are.
+fn cannot_create(e: SetupError, path: &Path) -> anyhow::Error {
+    let denied = matches!(
+        &e,
+        SetupError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied
+                || source.raw_os_error() == Some(libc::EROFS)
+    );
+    if denied {
+        anyhow::anyhow!(
+            "{e}; run check as a user that may write to {}, or give --probe-dir \
+             (a directory on the same volume that this user may write to)",
+            path.display()
+        )
+    } else {
+        anyhow::Error::new(e)
+    }
 }
 
 struct Measured {

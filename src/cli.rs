@@ -22,8 +22,10 @@ pub const DEFAULT_PORT: u16 = 9847;
     about = "Measures the IO PostgreSQL commits and reads with (WAL write+sync, 8 KiB O_DIRECT reads) \
              and serves it as Prometheus metrics.",
     long_about = None,
-    after_help = "Without --config.file or --probe.path it probes /var/tmp (probe files in \
-                  /var/tmp/pg-storage-exporter-probe) and listens on :9847.\n\
+    after_help = "Without --config.file, --probe.path or --pg.dsn it probes /var/tmp (probe files \
+                  in /var/tmp/pg-storage-exporter-probe) and listens on :9847.\n\
+                  --probe.* flags override [defaults] of --config.file, which override the \
+                  built-in defaults shown above.\n\
                   One-shot verdict for a directory: pg-storage-exporter check PATH"
 )]
 pub struct Cli {
@@ -63,48 +65,61 @@ pub struct Cli {
 
     /// Probe a directory: [NAME=]PATH, repeatable. NAME defaults to the
     /// directory's last component. Added to volumes from --config.file.
+    /// Without any volume or --pg.dsn, /var/tmp is probed.
     #[arg(long = "probe.path", value_name = "[NAME=]PATH")]
     pub probe_paths: Vec<String>,
 
-    /// IO engine for --probe.path volumes.
+    /// IO engine for --probe.path volumes (default: auto, or [defaults].engine
+    /// of --config.file).
     #[arg(long = "probe.engine", value_enum)]
     pub engine: Option<EngineArg>,
 
-    /// wal_sync_method the WAL probe imitates, for --probe.path volumes.
+    /// wal_sync_method the WAL probe imitates, for --probe.path volumes
+    /// (default: fdatasync, or [defaults].sync_method of --config.file).
     #[arg(long = "probe.sync-method", value_enum)]
     pub sync_method: Option<SyncMethodArg>,
 
-    /// Time between probe rounds for --probe.path volumes (e.g. 1s, 250ms).
+    /// Time between probe rounds for --probe.path volumes, e.g. 250ms
+    /// (default: 1s, or [defaults].interval of --config.file).
     #[arg(long = "probe.interval", value_parser = parse_duration, value_name = "DURATION")]
     pub interval: Option<Duration>,
 
-    /// Time between bursts for the busy figure, for --probe.path volumes
-    /// (default 40s; 0s turns bursts off). Each burst is 24 back-to-back
-    /// commit probes and 64 reads; the second half of each is the busy
-    /// figure.
+    /// Time between bursts for the busy figure, for --probe.path volumes; 0s
+    /// turns bursts off (default: 40s, or [defaults].busy_every of
+    /// --config.file). Each burst is 24 back-to-back commit probes and 64
+    /// reads; the second half of each is the busy figure.
     #[arg(long = "probe.busy-every", value_parser = parse_duration, value_name = "DURATION")]
     pub busy_every: Option<Duration>,
 
-    /// Size of the read probe file for --probe.path volumes (e.g. 64MiB).
+    /// Size of the read probe file for --probe.path volumes, e.g. 256MiB
+    /// (default: 64MiB, or [defaults].read_file_size of --config.file).
     #[arg(long = "probe.read-file-size", value_parser = parse_bytes, value_name = "SIZE")]
     pub read_file_size: Option<u64>,
 
-    /// Free space that must remain after creating probe files (e.g. 1GiB).
+    /// Free space that must remain after creating probe files, e.g. 10GiB
+    /// (default: 1GiB, or [defaults].free_space_reserve of --config.file).
     #[arg(long = "probe.free-space-reserve", value_parser = parse_bytes, value_name = "SIZE")]
     pub free_space_reserve: Option<u64>,
 
     /// Watch a PostgreSQL cluster: [NAME=]DSN (libpq key=value string or
     /// postgresql:// URL), repeatable. NAME defaults to pg<port>. Also read
-    /// from the DATA_SOURCE_NAME environment variable.
+    /// from the DATA_SOURCE_NAME environment variable. Turns the default
+    /// /var/tmp volume off: the cluster's own directories are probed instead
+    /// (see --no-pg.discover-volumes).
     #[arg(long = "pg.dsn", value_name = "[NAME=]DSN")]
     pub pg_dsns: Vec<String>,
 
-    /// How often --pg.dsn clusters' statistics are read (e.g. 10s).
-    #[arg(long = "pg.scrape-interval", value_parser = parse_duration, value_name = "DURATION")]
-    pub pg_scrape_interval: Option<Duration>,
+    /// How often --pg.dsn clusters' statistics are read.
+    #[arg(
+        long = "pg.scrape-interval",
+        value_parser = parse_duration,
+        value_name = "DURATION",
+        default_value = "10s"
+    )]
+    pub pg_scrape_interval: Duration,
 
     /// Do not turn --pg.dsn clusters' data, WAL and tablespace directories
-    /// into probed volumes.
+    /// into probed volumes (then --pg.dsn alone probes no volume).
     #[arg(long = "no-pg.discover-volumes")]
     pub no_pg_discovery: bool,
 
@@ -165,7 +180,8 @@ pub struct CheckArgs {
     pub no_read: bool,
 
     /// Also run a queue-depth sweep (read depths 1, 4, 16, 64) for this
-    /// long after the probes, and report any IOPS plateau.
+    /// long after the probes, and report any IOPS plateau (8s when given
+    /// without a value; off when not given).
     #[arg(long = "sweep", value_parser = parse_duration, value_name = "DURATION", num_args = 0..=1, default_missing_value = "8s")]
     pub sweep: Option<Duration>,
 }
@@ -232,6 +248,12 @@ impl From<SyncMethodArg> for SyncMethod {
 /// Parses `[HOST]:PORT` the way exporters do: `:9847` means every IPv4
 /// interface.
 pub fn parse_listen(addr: &str) -> Result<std::net::SocketAddr, String> {
+    if !addr.is_empty() && addr.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "--web.listen-address {addr:?}: a bare port; write \":{addr}\" for every interface \
+             or \"127.0.0.1:{addr}\" for one"
+        ));
+    }
     let full = if addr.starts_with(':') {
         format!("0.0.0.0{addr}")
     } else {
@@ -259,10 +281,11 @@ mod tests {
             parse_listen("[::1]:9847").unwrap().to_string(),
             "[::1]:9847"
         );
-        assert!(
-            parse_listen("9847")
-                .unwrap_err()
-                .contains("--web.listen-address \"9847\"")
+        let e = parse_listen("9847").unwrap_err();
+        assert_eq!(
+            e,
+            "--web.listen-address \"9847\": a bare port; write \":9847\" for every interface \
+             or \"127.0.0.1:9847\" for one"
         );
     }
 

@@ -42,7 +42,7 @@ fn main() -> ExitCode {
             let report = match check::run(&opts) {
                 Ok(r) => r,
                 Err(e) => {
-                    eprintln!("pg-storage-exporter check: {e:#}");
+                    eprintln!("pg-storage-exporter check: {}", chain(&e));
                     return ExitCode::from(1);
                 }
             };
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             match out {
                 Ok(s) => print!("{s}"),
                 Err(e) => {
-                    eprintln!("pg-storage-exporter check: {e:#}");
+                    eprintln!("pg-storage-exporter check: {}", chain(&e));
                     return ExitCode::from(1);
                 }
             }
@@ -86,7 +86,7 @@ fn run_daemon(cli: Cli) -> ExitCode {
             }
             d
         },
-        pg_scrape_interval: cli.pg_scrape_interval,
+        pg_scrape_interval: Some(cli.pg_scrape_interval),
         pg_no_discovery: cli.no_pg_discovery,
     };
     // Configuration errors exit with 2 before any port is bound or file written.
@@ -159,8 +159,24 @@ fn run_daemon(cli: Cli) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("pg-storage-exporter: {e:#}");
+            eprintln!("pg-storage-exporter: {}", chain(&e));
             ExitCode::from(1)
         }
     }
+}
+
+/// An error and its causes on one line, each cause only when the text so far
+/// does not already say it: many errors here print their source in their own
+/// message, and `{:#}` would repeat it ("Permission denied (os error 13):
+/// Permission denied (os error 13)").
+fn chain(e: &anyhow::Error) -> String {
+    let mut s = e.to_string();
+    for cause in e.chain().skip(1) {
+        let t = cause.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+    }
+    s
 }

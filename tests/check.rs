@@ -166,6 +166,46 @@ fn refuses_a_missing_path() {
 }
 
 #[test]
+fn unwritable_directory_says_permission_denied_once_with_the_path() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    // root writes anywhere: run the check as nobody then.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut cmd = if root {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", BIN]);
+        c
+    } else {
+        Command::new(BIN)
+    };
+    let out = cmd
+        .arg("check")
+        .arg(&ro)
+        .args(["--duration", "1s", "--free-space-reserve", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.matches("Permission denied").count(), 1, "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "pg-storage-exporter check: creating probe directory {}/pg-storage-exporter-check: \
+             Permission denied (os error 13); run check as a user that may write to {}, \
+             or give --probe-dir",
+            ro.display(),
+            ro.display()
+        )),
+        "{err}"
+    );
+    assert_eq!(dir_entries(&ro), Vec::<String>::new());
+}
+
+#[test]
 fn sigint_ends_a_long_check_early_and_cleans_up() {
     let dir = tempfile::tempdir().unwrap();
     let child = Command::new(BIN)

@@ -383,6 +383,10 @@ fn bad_flags_are_refused() {
             vec!["--web.listen-address", "nonsense"],
             "--web.listen-address \"nonsense\"",
         ),
+        (
+            vec!["--web.listen-address", "9847"],
+            "--web.listen-address \"9847\": a bare port; write \":9847\"",
+        ),
         (vec!["--probe.engine", "uring"], "invalid value 'uring'"),
     ] {
         let out = std::process::Command::new(BIN)
@@ -491,5 +495,125 @@ fn version_flag() {
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         format!("pg-storage-exporter {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn help_shows_every_default() {
+    use pg_storage_exporter::probe::settings::ProbeSettings;
+    use pg_storage_exporter::units::{fmt_bytes, fmt_duration};
+    let help = |args: &[&str]| {
+        let out = std::process::Command::new(BIN).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let main = help(&["--help"]);
+    let d = ProbeSettings::default();
+    for want in [
+        format!(
+            "(default: {}, or [defaults].interval",
+            fmt_duration(d.interval)
+        ),
+        format!(
+            "(default: {}, or [defaults].busy_every",
+            fmt_duration(d.busy_every)
+        ),
+        format!(
+            "(default: {}, or [defaults].read_file_size",
+            fmt_bytes(d.read_file_size)
+        ),
+        format!(
+            "(default: {}, or [defaults].free_space_reserve",
+            fmt_bytes(d.free_space_reserve)
+        ),
+        format!(
+            "(default: {}, or [defaults].sync_method",
+            d.sync_method.as_str()
+        ),
+        format!("(default: {}, or [defaults].engine", d.engine.as_str()),
+        format!(
+            "[default: {}]",
+            fmt_duration(pg_storage_exporter::config::DEFAULT_SCRAPE_INTERVAL)
+        ),
+        "[default: :9847]".to_string(),
+        "[default: /metrics]".to_string(),
+        "[default: info]".to_string(),
+        "[default: logfmt]".to_string(),
+        "Turns the default /var/tmp volume off".to_string(),
+    ] {
+        assert!(main.contains(&want), "{want} missing from:\n{main}");
+    }
+    let check = help(&["check", "--help"]);
+    for want in [
+        "[default: 10s]",
+        "[default: text]",
+        "[default: fdatasync]",
+        "[default: auto]",
+        "[default: 64MiB]",
+        "[default: 1GiB]",
+        "[default: 5us]",
+        "(default PATH/pg-storage-exporter-check)",
+        "(8s when given without a value",
+    ] {
+        assert!(check.contains(want), "{want} missing from:\n{check}");
+    }
+}
+
+#[test]
+fn a_volume_on_tmpfs_is_warned_about_once_at_start_and_once_per_reload() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let ex = start_fast(dir.path(), &[]);
+    ex.wait_for("probes", Duration::from_secs(10), |m| {
+        count(m, "t", "commit") >= 2.0
+    });
+    let warned = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("code=memory_filesystem"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let lines = warned(&ex.log());
+    assert_eq!(lines.len(), 1, "{}", ex.log());
+    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("volume=t"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("tmpfs keeps files in memory: sync returns immediately"),
+        "{}",
+        lines[0]
+    );
+    // A reload says it again, once.
+    ex.signal(libc::SIGHUP);
+    ex.wait_log("configuration reloaded", Duration::from_secs(10));
+    let log = ex.log();
+    assert_eq!(warned(&log).len(), 2, "{log}");
+}
+
+#[test]
+fn a_pg_dsn_cluster_without_discovery_or_volume_is_warned_about_once() {
+    // Port 1 on loopback: nothing listens there; the warning needs no server.
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        "c=host=127.0.0.1 port=1 user=x sslmode=disable",
+        "--no-pg.discover-volumes",
+    ]);
+    ex.wait_log("cannot connect to PostgreSQL", Duration::from_secs(10));
+    let log = ex.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("code=no_probed_volume"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("cluster=c"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("volume discovery is off for this cluster and no volume is configured"),
+        "{}",
+        lines[0]
     );
 }

@@ -656,3 +656,37 @@ fn survives_sigkill_of_the_postmaster() {
     assert!(!warns.is_empty() && warns.len() <= 2, "{warns:#?}");
     assert!(log.contains("reconnected to PostgreSQL"), "{log}");
 }
+
+/// A cluster with track_wal_io_timing off: one warning line saying what is
+/// missing, once, not once per scrape or reconnection; track_io_timing
+/// (on here) is not warned about.
+#[test]
+fn track_wal_io_timing_off_is_warned_about_once() {
+    let Some(stack) = watched(PgKind::V18)
+        .setup(|pg| {
+            pg.psql("ALTER SYSTEM SET track_wal_io_timing = off");
+            pg.psql("SELECT pg_reload_conf()");
+        })
+        .start()
+    else {
+        return;
+    };
+    let ex = &stack.ex;
+    ex.wait_log("track_wal_io_timing is off", Duration::from_secs(30));
+    // Six more scrapes (every 500 ms) must not repeat it.
+    std::thread::sleep(Duration::from_secs(3));
+    let log = ex.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("code=track_wal_io_timing_off"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("cluster=c"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("WAL write and sync seconds are absent"),
+        "{}",
+        lines[0]
+    );
+    assert!(!log.contains("code=track_io_timing_off"), "{log}");
+}

@@ -5,7 +5,7 @@
 
 use crate::postgres::DiscoveryRequest;
 use crate::postgres::discovery;
-use crate::probe::placement::check_probe_dir;
+use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::set::VolumeSet;
 use crate::probe::settings::{ProbeSettings, VolumeSpec};
 
@@ -21,10 +21,17 @@ pub fn apply(
     let plan = match discovery::plan(cluster, req.major, &req.data_directory, &req.tablespaces) {
         Ok(p) => p,
         Err(why) => {
-            tracing::info!(cluster, reason = %why, "volume discovery skipped");
+            tracing::warn!(
+                cluster,
+                reason = %why,
+                code = "no_discovered_volume",
+                "volume discovery skipped: no volume of this cluster is probed unless \
+                 --probe.path or a [[volume]] names its directories"
+            );
             return Vec::new();
         }
     };
+    let planned = !plan.is_empty();
     let mut roles = Vec::new();
     for p in plan {
         let labels: Vec<String> = p.roles.iter().map(|r| r.label()).collect();
@@ -34,7 +41,7 @@ pub fn apply(
             continue;
         }
         let probe_dir = match p.probe_dir.clone() {
-            Some(pd) => match check_probe_dir(&p.path, &pd) {
+            Some(pd) => match check_probe_dir(&p.path, &pd, Asker::Discovery) {
                 Ok(()) => pd,
                 Err(why) => {
                     tracing::warn!(cluster, path = %p.path.display(), roles = ?labels, reason = %why, "not probing this filesystem");
@@ -59,11 +66,22 @@ pub fn apply(
             cgroup: None,
         };
         match volumes.add(spec) {
-            Ok(v) => roles.extend(labels.into_iter().map(|r| (v.name.clone(), r))),
+            Ok(v) => {
+                super::warnings::volume(&v);
+                roles.extend(labels.into_iter().map(|r| (v.name.clone(), r)));
+            }
             Err(e) => {
                 tracing::warn!(cluster, volume = %p.name, error = %e, "cannot add discovered volume")
             }
         }
+    }
+    if planned && roles.is_empty() {
+        tracing::warn!(
+            cluster,
+            code = "no_discovered_volume",
+            "none of this cluster's filesystems is probed (see the lines above); add \
+             --probe.path or a [[volume]] with a probe_dir beside its directories"
+        );
     }
     roles
 }

@@ -6,3 +6,4 @@ pub mod daemon;
 pub mod discovery;
 pub mod limits_inputs;
 pub mod supervisor;
+pub mod warnings;

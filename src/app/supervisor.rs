@@ -183,6 +183,8 @@ impl Supervisor {
         })
         .await
         .context("adding the configured volumes")??;
+        // Settings are logged by each collector after its first scrape.
+        super::warnings::all(&self.cfg, &self.volumes, &self.clusters, &[]);
         for c in self.cfg.clusters.clone() {
             self.start_cluster(&c);
         }
@@ -424,6 +426,16 @@ impl Supervisor {
             );
         }
         metrics.reloaded();
+        // What applies now, again: restarted collectors log their settings
+        // after their first scrape, the others' are logged here.
+        let kept: Vec<String> = self
+            .cfg
+            .clusters
+            .iter()
+            .map(|c| c.collector.name.clone())
+            .filter(|n| !clus.added.contains(n) && !clus.changed.contains(n))
+            .collect();
+        super::warnings::all(&self.cfg, &self.volumes, &self.clusters, &kept);
         if vols.is_empty()
             && clus.is_empty()
             && !limits_changed

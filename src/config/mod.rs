@@ -15,7 +15,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::limits::LimitsSettings;
-use crate::probe::placement::check_probe_dir;
+use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{
     Knob, MAX_WINDOW_SAMPLES, PROBE_DIR_NAME, ProbeSettings, VolumeSpec, window_samples,
 };
@@ -94,6 +94,16 @@ pub enum ConfigError {
         key: String,
         message: String,
     },
+    /// Valid TOML with a value its key does not take (wrong type, unknown
+    /// variant, a duration without a unit): counted as `invalid`.
+    #[error("{}:{line}:{column}: {key}: {message}", file.display())]
+    Value {
+        file: PathBuf,
+        line: usize,
+        column: usize,
+        key: String,
+        message: String,
+    },
     #[error("{origin}: {key}: {message}")]
     Invalid {
         origin: Origin,
@@ -108,7 +118,7 @@ impl ConfigError {
         match self {
             ConfigError::Read { .. } => "unreadable",
             ConfigError::Syntax { .. } => "syntax",
-            ConfigError::Invalid { .. } => "invalid",
+            ConfigError::Value { .. } | ConfigError::Invalid { .. } => "invalid",
         }
     }
 }
@@ -362,8 +372,18 @@ fn clusters(
         let name = c.name.get_ref().clone();
         validate_cluster_name(&name).map_err(|m| invalid(c.name.span(), "name", m))?;
         let password_file = c.password_file.as_ref().map(|p| absolute(p.get_ref()));
-        let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref())
-            .map_err(|e| invalid(c.dsn.span(), "dsn", e.to_string()))?;
+        let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref()).map_err(|e| {
+            // The password_file key's own file is blamed on that key's
+            // line; a passfile named in the DSN stays with the DSN.
+            match (&e, &c.password_file, &password_file) {
+                (dsn::DsnError::PasswordFile { path, .. }, Some(written), Some(read))
+                    if path == read =>
+                {
+                    invalid(written.span(), "password_file", e.to_string())
+                }
+                _ => invalid(c.dsn.span(), "dsn", e.to_string()),
+            }
+        })?;
         let dur =
             |v: &Option<Sp<crate::units::HumanDuration>>, knob: Knob, default: Duration| match v {
                 Some(x) => knob
@@ -492,10 +512,12 @@ fn volume_from_file(
         ),
         None => (path.join(PROBE_DIR_NAME), path_origin, key("path")),
     };
-    check_probe_dir(&path, &probe_dir).map_err(|message| ConfigError::Invalid {
-        origin: pd_origin,
-        key: pd_key,
-        message,
+    check_probe_dir(&path, &probe_dir, Asker::ConfigFile).map_err(|message| {
+        ConfigError::Invalid {
+            origin: pd_origin,
+            key: pd_key,
+            message,
+        }
     })?;
     let mut vc = VolumeSpec {
         name,
@@ -704,7 +726,7 @@ fn volume_from_flag(spec: &str, s: &ProbeSettings) -> Result<VolumeSpec, ConfigE
     };
     validate_name(&name).map_err(|m| flag_err(format!("{m} (write NAME=PATH to choose one)")))?;
     let probe_dir = path.join(PROBE_DIR_NAME);
-    check_probe_dir(&path, &probe_dir).map_err(flag_err)?;
+    check_probe_dir(&path, &probe_dir, Asker::ProbePathFlag).map_err(flag_err)?;
     Ok(VolumeSpec {
         name,
         path,

@@ -127,18 +127,24 @@ impl RawVolume {
 
 /// Parses the file text. Errors carry the file, line, column and the dotted
 /// key path (`volume[0].intervall`) of what was wrong.
+///
+/// TOML that does not parse, and keys that are unknown or missing, are
+/// [`ConfigError::Syntax`]; a value of the wrong type or not allowed (valid
+/// TOML, wrong for its key) is [`ConfigError::Value`], which counts as
+/// `invalid`.
 pub fn parse(file: &Path, text: &str) -> Result<RawConfig, ConfigError> {
-    let syntax = |e: &toml::de::Error, key: String| {
-        let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    let position =
+        |e: &toml::de::Error| e.span().map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    let de = toml::Deserializer::parse(text).map_err(|e| {
+        let (line, column) = position(&e);
         ConfigError::Syntax {
             file: file.to_path_buf(),
             line,
             column,
-            key,
+            key: "(syntax)".to_string(),
             message: e.message().to_string(),
         }
-    };
-    let de = toml::Deserializer::parse(text).map_err(|e| syntax(&e, "(syntax)".to_string()))?;
+    })?;
     serde_path_to_error::deserialize(de).map_err(|e| {
         // Spanned<T> shows up as an internal struct in the path; users wrote
         // only the key.
@@ -146,15 +152,121 @@ pub fn parse(file: &Path, text: &str) -> Result<RawConfig, ConfigError> {
             .path()
             .to_string()
             .replace(".$__serde_spanned_private_value", "");
-        syntax(
-            e.inner(),
-            if key == "." {
-                "(top level)".to_string()
-            } else {
-                key
-            },
-        )
+        let key = if key == "." {
+            "(top level)".to_string()
+        } else {
+            key
+        };
+        let (line, column) = position(e.inner());
+        let message = e.inner().message();
+        if is_key_problem(message) {
+            ConfigError::Syntax {
+                file: file.to_path_buf(),
+                line,
+                column,
+                key,
+                message: message.to_string(),
+            }
+        } else {
+            ConfigError::Value {
+                file: file.to_path_buf(),
+                line,
+                column,
+                key,
+                message: plain_type_error(message),
+            }
+        }
     })
+}
+
+/// A key that is not known, missing or given twice: the shape of the file
+/// is wrong, not a value.
+fn is_key_problem(message: &str) -> bool {
+    [
+        "unknown field",
+        "missing field",
+        "duplicate field",
+        "duplicate key",
+    ]
+    .iter()
+    .any(|p| message.starts_with(p))
+}
+
+/// What serde calls the type a key wants, as a user would say it.
+fn expected_in_words(expected: &str) -> Option<&'static str> {
+    Some(match expected {
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" | "i8" | "i16" | "i32" | "i64" | "i128"
+        | "isize" => "a whole number (e.g. 3000)",
+        "f32" | "f64" => "a number (e.g. 0.5)",
+        "a boolean" => "true or false (without quotes)",
+        "a string" => "a string in double quotes (e.g. \"main\")",
+        "path string" => "a path in double quotes (e.g. \"/var/lib/postgresql\")",
+        "a sequence" => "a list in square brackets (e.g. [\"commit\", \"read\"])",
+        e if e.starts_with("a duration") => {
+            "a duration in double quotes (e.g. \"1s\" or \"500ms\")"
+        }
+        e if e.starts_with("a size") => "a size (e.g. \"64MiB\") or a whole number of bytes",
+        e if e.starts_with("struct ") => "a table",
+        _ => return None,
+    })
+}
+
+/// What serde calls the value found, as a user would say it: `string
+/// "3000"` stays, `integer `5`` becomes `5`.
+fn found_in_words(found: &str) -> String {
+    let literal = |prefix: &str| {
+        found
+            .strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix('`'))
+            .and_then(|r| r.strip_suffix('`'))
+            .map(str::to_string)
+    };
+    if let Some(v) = literal("integer ").or_else(|| literal("floating point ")) {
+        return format!("the number {v}");
+    }
+    if let Some(v) = literal("boolean ") {
+        return v;
+    }
+    if let Some(v) = found.strip_prefix("string ") {
+        return format!("the string {v}");
+    }
+    match found {
+        "sequence" => "a list".to_string(),
+        "map" => "a table".to_string(),
+        other => other.to_string(),
+    }
+}
+
+/// Rewrites serde's "invalid type: string \"3000\", expected u64" as
+/// "expected a whole number (e.g. 3000), found the string \"3000\"", for
+/// the types a user meets in this file; other messages are kept.
+pub fn plain_type_error(message: &str) -> String {
+    let Some(rest) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+    else {
+        return message.to_string();
+    };
+    let Some((found, expected)) = rest.rsplit_once(", expected ") else {
+        return message.to_string();
+    };
+    let Some(words) = expected_in_words(expected) else {
+        return message.to_string();
+    };
+    // A number or boolean written in quotes: say what to change.
+    let quoted = found
+        .strip_prefix("string \"")
+        .and_then(|r| r.strip_suffix('"'));
+    let unquote = quoted.is_some_and(|q| {
+        (words.starts_with("a whole number") && q.parse::<u64>().is_ok())
+            || (words.starts_with("true or false") && (q == "true" || q == "false"))
+    });
+    let found = found_in_words(found);
+    if unquote {
+        format!("expected {words}, found {found}: write it without quotes")
+    } else {
+        format!("expected {words}, found {found}")
+    }
 }
 
 /// 1-based line of a byte offset.

@@ -27,6 +27,9 @@ fn error_messages_table() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().display().to_string();
     let vol = |extra: &str| format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n{extra}\n");
+    let missing_password_file = format!(
+        ":4: cluster[0].password_file: password file {p}/missing: No such file or directory"
+    );
     // (config text, expected substrings of the one error)
     let cases: Vec<(String, Vec<&str>)> = vec![
         (
@@ -109,6 +112,13 @@ fn error_messages_table() {
             vec!["missing field `path`"],
         ),
         ("window = \"5m\n".to_string(), vec![":1:"]),
+        (
+            format!(
+                "[[cluster]]\nname = \"main\"\ndsn = \"host=/run/postgresql user=mon\"\n\
+                 password_file = \"{p}/missing\"\n"
+            ),
+            vec![&missing_password_file],
+        ),
     ];
     for (text, wants) in cases {
         let e = parse_str(&text).map(|_| ()).unwrap_err().to_string();
@@ -118,6 +128,82 @@ fn error_messages_table() {
                 "config:\n{text}\nerror: {e}\nwanted: {want}"
             );
         }
+    }
+}
+
+#[test]
+fn wrong_types_are_said_in_words_and_count_as_invalid() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().display().to_string();
+    let vol = |extra: &str| format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n{extra}\n");
+    let cluster = |extra: &str| {
+        format!("[[cluster]]\nname = \"c\"\ndsn = \"host=/run/postgresql\"\n{extra}\n")
+    };
+    // (config text, the whole message after the file name)
+    let cases = [
+        (
+            vol("provisioned_iops = \"3000\""),
+            ":4:20: volume[0].provisioned_iops: expected a whole number (e.g. 3000), \
+             found the string \"3000\": write it without quotes",
+        ),
+        (
+            vol("provisioned_iops = 1.5"),
+            ":4:20: volume[0].provisioned_iops: expected a whole number (e.g. 3000), \
+             found the number 1.5",
+        ),
+        (
+            cluster("discover_volumes = \"yes\""),
+            ":4:20: cluster[0].discover_volumes: expected true or false (without quotes), \
+             found the string \"yes\"",
+        ),
+        (
+            cluster("discover_volumes = \"false\""),
+            ":4:20: cluster[0].discover_volumes: expected true or false (without quotes), \
+             found the string \"false\": write it without quotes",
+        ),
+        (
+            "[[volume]]\nname = 5\npath = \"/\"\n".to_string(),
+            ":2:8: volume[0].name: expected a string in double quotes (e.g. \"main\"), \
+             found the number 5",
+        ),
+        (
+            vol("probe_dir = 5"),
+            ":4:13: volume[0].probe_dir: expected a path in double quotes \
+             (e.g. \"/var/lib/postgresql\"), found the number 5",
+        ),
+        (
+            vol("probes = \"read\""),
+            ":4:10: volume[0].probes: expected a list in square brackets \
+             (e.g. [\"commit\", \"read\"]), found the string \"read\"",
+        ),
+        (
+            vol("interval = true"),
+            ":4:12: volume[0].interval: expected a duration in double quotes \
+             (e.g. \"1s\" or \"500ms\"), found true",
+        ),
+        (
+            vol("read_file_size = [1]"),
+            ":4:18: volume[0].read_file_size: expected a size (e.g. \"64MiB\") or a whole \
+             number of bytes, found a list",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = parse_str(&text).map(|_| ()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("/etc/pg-storage-exporter.toml{want}"),
+            "config:\n{text}"
+        );
+        assert_eq!(e.cause(), "invalid", "{e}");
+    }
+    // The shape of the file stays a syntax error.
+    for text in [
+        "windw = \"5m\"\n",
+        "window = \"5m\n",
+        "[[volume]]\nname = \"v\"\n",
+    ] {
+        let e = parse_str(text).map(|_| ()).unwrap_err();
+        assert_eq!(e.cause(), "syntax", "{e}");
     }
 }
 
@@ -228,8 +314,27 @@ fn refuses_to_probe_inside_a_data_directory() {
         let e = build(None, RawConfig::default(), &flags)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("the exporter never writes there"), "{e}");
+        // The flag has no probe_dir: the advice is what a flag user can do.
+        assert!(
+            e.ends_with(
+                "the exporter never writes there. Give --probe.path a directory beside it on the \
+                 same filesystem, or probe it from --config.file with a [[volume]] whose \
+                 probe_dir is a directory beside it"
+            ),
+            "{e}"
+        );
+        assert!(!e.contains("Set probe_dir"), "{e}");
     }
+    // A [[volume]] has probe_dir, and is told to set it.
+    let text = format!("[[volume]]\nname = \"v\"\npath = \"{}\"\n", data.display());
+    let e = parse_str(&text).unwrap_err().to_string();
+    assert!(
+        e.ends_with(
+            "the exporter never writes there. Set probe_dir to a directory beside it on the \
+             same filesystem"
+        ),
+        "{e}"
+    );
     // pg_wal symlinked to another directory (initdb --waldir): recognised by
     // its archive_status/ whatever the target is called.
     let waldir = dir.path().join("walvol");

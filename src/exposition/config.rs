@@ -49,8 +49,8 @@ impl ConfigMetrics {
         registry.register(
             "pgstorage_config_reload_errors",
             "Refused configuration reloads by cause: unreadable (the file cannot be read), syntax \
-             (TOML or an unknown key), invalid (a value or a filesystem fact); the running \
-             configuration is kept",
+             (not TOML, an unknown or missing key), invalid (a value of the wrong type, not \
+             accepted or out of range, or a filesystem fact); the running configuration is kept",
             m.errors.clone(),
         );
         registry.register(

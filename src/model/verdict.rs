@@ -53,36 +53,97 @@ pub struct Warning {
     pub message: String,
 }
 
-/// All findings for a run, most serious first.
-pub fn warnings(o: &Observed<'_>) -> Vec<Warning> {
-    let mut out = Vec::new();
-
-    if MEMORY_FILESYSTEMS.contains(&o.fstype) {
-        out.push(Warning {
+/// What the filesystem type alone says about the figures measured on it:
+/// memory, a container's overlay, FUSE. Shared by `check` and the daemon's
+/// start-up warnings.
+pub fn filesystem_warning(fstype: &str) -> Option<Warning> {
+    if MEMORY_FILESYSTEMS.contains(&fstype) {
+        Some(Warning {
             code: "memory_filesystem",
             message: format!(
-                "{} keeps files in memory: sync returns immediately and nothing is durable; \
-                 these figures say nothing about a disk",
-                o.fstype
+                "{fstype} keeps files in memory: sync returns immediately and nothing is durable; \
+                 these figures say nothing about a disk"
             ),
-        });
-        // Nothing else said about latency or caches would be about storage.
-        return out;
-    } else if o.fstype == "overlay" {
-        out.push(Warning {
+        })
+    } else if fstype == "overlay" {
+        Some(Warning {
             code: "overlay_filesystem",
             message: "overlay (a container's writable layer): syncs reach whatever filesystem \
                       backs the upper layer; put PostgreSQL data and this probe on a mounted volume"
                 .to_string(),
-        });
-    } else if o.fstype.starts_with("fuse") {
-        out.push(Warning {
+        })
+    } else if fstype.starts_with("fuse") {
+        Some(Warning {
             code: "fuse_filesystem",
             message: format!(
-                "{}: what a sync guarantees depends on the FUSE daemon, not the kernel",
-                o.fstype
+                "{fstype}: what a sync guarantees depends on the FUSE daemon, not the kernel"
             ),
+        })
+    } else {
+        None
+    }
+}
+
+/// What a running volume's configuration alone says, before any figure:
+/// its filesystem (as for `check`), and a volume that runs neither probe.
+pub fn volume_warnings(fstype: &str, commit_probe: bool, read_probe: bool) -> Vec<Warning> {
+    let mut out: Vec<Warning> = filesystem_warning(fstype).into_iter().collect();
+    if !commit_probe && !read_probe {
+        out.push(Warning {
+            code: "no_probe",
+            message: "neither the commit nor the read probe runs on this volume: it reports \
+                      no latency"
+                .to_string(),
         });
+    }
+    out
+}
+
+/// What a cluster's settings say about the figures the exporter can give:
+/// `(code, message)` for `track_wal_io_timing` and `track_io_timing` off.
+/// `settings` holds (name, value) pairs as pg_settings gives them; a
+/// setting not read (no permission, older server) says nothing.
+pub fn settings_warnings<'a>(
+    settings: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
+) -> Vec<Warning> {
+    let off = |name: &str| {
+        settings
+            .clone()
+            .into_iter()
+            .any(|(n, v)| n == name && v == "off")
+    };
+    let mut out = Vec::new();
+    if off("track_wal_io_timing") {
+        out.push(Warning {
+            code: "track_wal_io_timing_off",
+            message: "track_wal_io_timing is off: WAL write and sync seconds are absent, so the \
+                      WAL sync figures and the WAL sync saturation alert cannot work; turn it on \
+                      (ALTER SYSTEM SET track_wal_io_timing = on; SELECT pg_reload_conf())"
+                .to_string(),
+        });
+    }
+    if off("track_io_timing") {
+        out.push(Warning {
+            code: "track_io_timing_off",
+            message: "track_io_timing is off: read and write seconds of pg_stat_io are absent, so \
+                      PostgreSQL's own IO latency cannot be set beside the probes; turn it on \
+                      (ALTER SYSTEM SET track_io_timing = on; SELECT pg_reload_conf())"
+                .to_string(),
+        });
+    }
+    out
+}
+
+/// All findings for a run, most serious first.
+pub fn warnings(o: &Observed<'_>) -> Vec<Warning> {
+    let mut out = Vec::new();
+
+    if let Some(w) = filesystem_warning(o.fstype) {
+        out.push(w);
+        if MEMORY_FILESYSTEMS.contains(&o.fstype) {
+            // Nothing else said about latency or caches would be about storage.
+            return out;
+        }
     }
 
     // The durable step is the sync call, or the O_DSYNC write itself.
@@ -206,6 +267,47 @@ mod tests {
 
     fn codes(o: &Observed<'_>) -> Vec<&'static str> {
         warnings(o).into_iter().map(|w| w.code).collect()
+    }
+
+    #[test]
+    fn volume_and_settings_warnings_table() {
+        let codes = |w: Vec<Warning>| w.into_iter().map(|w| w.code).collect::<Vec<_>>();
+        for (fstype, commit, read, want) in [
+            ("ext4", true, true, vec![]),
+            ("tmpfs", true, true, vec!["memory_filesystem"]),
+            ("overlay", true, false, vec!["overlay_filesystem"]),
+            ("fuse.sshfs", false, true, vec!["fuse_filesystem"]),
+            ("xfs", false, false, vec!["no_probe"]),
+            ("ramfs", false, false, vec!["memory_filesystem", "no_probe"]),
+        ] {
+            assert_eq!(
+                codes(volume_warnings(fstype, commit, read)),
+                want,
+                "{fstype} {commit} {read}"
+            );
+        }
+        for (settings, want) in [
+            (
+                vec![("track_io_timing", "on"), ("track_wal_io_timing", "on")],
+                vec![],
+            ),
+            (
+                vec![("track_io_timing", "on"), ("track_wal_io_timing", "off")],
+                vec!["track_wal_io_timing_off"],
+            ),
+            (
+                vec![("track_io_timing", "off"), ("track_wal_io_timing", "off")],
+                vec!["track_wal_io_timing_off", "track_io_timing_off"],
+            ),
+            // Not read (no permission): nothing said.
+            (vec![("shared_buffers", "16384")], vec![]),
+        ] {
+            assert_eq!(
+                codes(settings_warnings(settings.iter().copied())),
+                want,
+                "{settings:?}"
+            );
+        }
     }
 
     #[test]

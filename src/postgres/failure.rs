@@ -163,6 +163,7 @@ impl ConnectFailure {
         match self {
             ConnectFailure::Failed(ConnectError::Postgres(e)) => Cause::of(e),
             ConnectFailure::Failed(ConnectError::Tls(_)) => Cause::Tls,
+            ConnectFailure::Failed(ConnectError::Socket { source, .. }) => Cause::of(source),
             ConnectFailure::NoAnswer(_) => Cause::ClientTimeout,
             ConnectFailure::SetUp(e) => e.cause(),
         }

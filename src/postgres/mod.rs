@@ -255,6 +255,9 @@ pub async fn run(
     let mut backoff = BACKOFF_START;
     let mut failures = Failures::default();
     let mut discovered = false;
+    // The settings warnings are logged once per collector, not per
+    // reconnection.
+    let mut settings_warned = false;
     let mut sees_all: Option<bool> = None;
     let connect_within = connect_deadline(&target.config);
     let deadline = statement_deadline(cfg.statement_timeout);
@@ -356,7 +359,12 @@ pub async fn run(
             failures: &mut failures,
         };
         let Err(lost) = session
-            .serve(version.0, discover.as_ref(), &mut discovered)
+            .serve(
+                version.0,
+                discover.as_ref(),
+                &mut discovered,
+                &mut settings_warned,
+            )
             .await;
         // Closes the socket, also when a reply is still owed.
         drop(conn);
@@ -447,6 +455,7 @@ impl Session<'_> {
         version: u32,
         discover: Option<&tokio::sync::mpsc::UnboundedSender<DiscoveryRequest>>,
         discovered: &mut bool,
+        settings_warned: &mut bool,
     ) -> Result<std::convert::Infallible, Lost> {
         let cfg = self.cfg;
         let mut scrape = tokio::time::interval(cfg.scrape_interval);
@@ -458,6 +467,10 @@ impl Session<'_> {
                 _ = scrape.tick() => {
                     let t0 = Instant::now();
                     let stats = self.scrape_once(version).await?;
+                    if !*settings_warned && !stats.settings.is_empty() {
+                        warn_settings(&cfg.name, &stats.settings);
+                        *settings_warned = true;
+                    }
                     if let Some(tx) = discover.filter(|_| !*discovered && cfg.discover_volumes) {
                         *discovered = self.discover(tx, &stats, version).await?;
                     }
@@ -580,7 +593,13 @@ impl Session<'_> {
             .find(|s| s.name == "data_directory")
             .map(|s| PathBuf::from(&s.value))
         else {
-            tracing::warn!(cluster = %cfg.name, "data_directory is not visible to this role (grant pg_monitor); volume discovery skipped");
+            tracing::warn!(
+                cluster = %cfg.name,
+                code = "no_discovered_volume",
+                "data_directory is not visible to this role (grant pg_monitor): volume discovery \
+                 skipped, no volume of this cluster is probed unless --probe.path or a [[volume]] \
+                 names its directories"
+            );
             return Ok(true);
         };
         let r = views::tablespaces::read(self.db).await;
@@ -601,6 +620,16 @@ impl Session<'_> {
             sync_method,
         });
         Ok(true)
+    }
+}
+
+/// One `warn` line per setting of the cluster that leaves figures out
+/// (`track_wal_io_timing`, `track_io_timing` off): after the first scrape
+/// that read the settings, and again after each reload.
+pub fn warn_settings(cluster: &str, settings: &[Setting]) {
+    let pairs = settings.iter().map(|s| (s.name.as_str(), s.value.as_str()));
+    for w in crate::model::verdict::settings_warnings(pairs) {
+        tracing::warn!(cluster, code = w.code, "{}", w.message);
     }
 }
 

@@ -31,6 +31,66 @@ pub enum ConnectError {
     Postgres(#[from] tokio_postgres::Error),
     #[error("TLS setup: {0}")]
     Tls(String),
+    /// A Unix-domain socket could not be reached: the message names the
+    /// socket file(s) tried, which the driver's "No such file or directory"
+    /// does not.
+    #[error("{message}")]
+    Socket {
+        message: String,
+        source: tokio_postgres::Error,
+    },
+}
+
+/// The socket file libpq and PostgreSQL use for a directory and port.
+fn socket_file(dir: &str, port: u16) -> String {
+    format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/'))
+}
+
+/// Turns a failed connect to Unix-domain socket(s) into a message naming the
+/// socket file(s) tried and what to check; any other error is kept as it is.
+pub fn socket_error(t: &Target, e: tokio_postgres::Error) -> ConnectError {
+    if !t.sockets_only() || t.hosts.is_empty() || e.as_db_error().is_some() {
+        return ConnectError::Postgres(e);
+    }
+    let mut io = None;
+    let mut src = std::error::Error::source(&e);
+    while let Some(inner) = src {
+        if let Some(i) = inner.downcast_ref::<std::io::Error>() {
+            io = Some(i);
+            break;
+        }
+        src = inner.source();
+    }
+    let Some(io) = io else {
+        return ConnectError::Postgres(e);
+    };
+    let message = match t.hosts.as_slice() {
+        [(dir, port)] => {
+            let file = socket_file(dir, *port);
+            match io.kind() {
+                std::io::ErrorKind::NotFound => {
+                    format!("{file}: no such socket; is PostgreSQL listening on port {port} there?")
+                }
+                std::io::ErrorKind::ConnectionRefused => format!(
+                    "{file}: connection refused; the socket file is there but no server \
+                     accepts on it (is PostgreSQL running?)"
+                ),
+                std::io::ErrorKind::PermissionDenied => format!(
+                    "{file}: permission denied; the exporter's user may not reach the socket \
+                     (directory or socket permissions)"
+                ),
+                _ => format!("{file}: {io}"),
+            }
+        }
+        many => {
+            let files: Vec<String> = many.iter().map(|(d, p)| socket_file(d, *p)).collect();
+            format!(
+                "no PostgreSQL socket answered; tried {} (last: {io})",
+                files.join(", ")
+            )
+        }
+    };
+    ConnectError::Socket { message, source: e }
 }
 
 /// tokio-postgres prints a server error as just "db error"; the server's
@@ -242,7 +302,11 @@ pub async fn connect(t: &Target) -> Result<Connection, ConnectError> {
     // Like libpq, TLS is never used over a Unix-domain socket: the kernel
     // already keeps that traffic on this host.
     if t.ssl_mode == SslMode::Disable || t.sockets_only() {
-        let (client, conn) = t.config.connect(tokio_postgres::NoTls).await?;
+        let (client, conn) = t
+            .config
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| socket_error(t, e))?;
         let task = tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -254,4 +318,58 @@ pub async fn connect(t: &Target) -> Result<Connection, ConnectError> {
         let _ = conn.await;
     });
     Ok(Connection { client, task })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::postgres::dsn;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[tokio::test]
+    async fn wrong_port_over_a_socket_names_the_socket_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display().to_string();
+        let t = dsn::target(
+            &format!("host={d} port=5433 user=u dbname=u"),
+            &no_env,
+            None,
+        )
+        .unwrap();
+        let e = connect(&t).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{d}/.s.PGSQL.5433: no such socket; is PostgreSQL listening on port 5433 there?"
+            )
+        );
+        assert!(matches!(e, ConnectError::Socket { .. }));
+        // A socket file left behind by a server that is gone.
+        let stale =
+            std::os::unix::net::UnixListener::bind(dir.path().join(".s.PGSQL.5434")).unwrap();
+        drop(stale);
+        let t = dsn::target(&format!("host={d}/ port=5434 user=u"), &no_env, None).unwrap();
+        let e = connect(&t).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("{d}/.s.PGSQL.5434: connection refused;")),
+            "{e}"
+        );
+        let t = dsn::target(
+            &format!("host={d},{d}/x port=5433,5435 user=u"),
+            &no_env,
+            None,
+        )
+        .unwrap();
+        let e = connect(&t).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "no PostgreSQL socket answered; tried {d}/.s.PGSQL.5433, {d}/x/.s.PGSQL.5435 (last: "
+            )),
+            "{e}"
+        );
+    }
 }

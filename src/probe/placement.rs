@@ -6,15 +6,49 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
 
+/// Where a probe directory came from, which decides what the user can do
+/// when it falls inside a directory PostgreSQL owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Asker {
+    /// A `[[volume]]` of the configuration file (it has a `probe_dir` key).
+    ConfigFile,
+    /// `--probe.path`, which has no way to choose the probe directory.
+    ProbePathFlag,
+    /// `check PATH` (it has `--probe-dir`).
+    Check,
+    /// Volume discovery from a cluster's directories.
+    Discovery,
+}
+
+impl Asker {
+    fn remedy(self) -> &'static str {
+        match self {
+            Asker::ConfigFile => "Set probe_dir to a directory beside it on the same filesystem",
+            Asker::ProbePathFlag => {
+                "Give --probe.path a directory beside it on the same filesystem, or probe it \
+                 from --config.file with a [[volume]] whose probe_dir is a directory beside it"
+            }
+            Asker::Check => {
+                "Give check a directory beside it on the same filesystem, or --probe-dir \
+                 with one"
+            }
+            Asker::Discovery => {
+                "To probe this filesystem, add a [[volume]] to --config.file whose probe_dir \
+                 is a directory beside it on the same filesystem"
+            }
+        }
+    }
+}
+
 /// Refuses probe directories that PostgreSQL owns or that would measure a
 /// different filesystem than the volume.
-pub fn check_probe_dir(volume: &Path, probe_dir: &Path) -> Result<(), String> {
+pub fn check_probe_dir(volume: &Path, probe_dir: &Path, asker: Asker) -> Result<(), String> {
     if let Some(owner) = postgres_owned_ancestor(probe_dir) {
         return Err(format!(
-            "probe directory {} would be inside PostgreSQL's {}: the exporter never writes there. \
-             Set probe_dir to a directory beside it on the same filesystem",
+            "probe directory {} would be inside PostgreSQL's {}: the exporter never writes there. {}",
             probe_dir.display(),
-            owner.display()
+            owner.display(),
+            asker.remedy()
         ));
     }
     // The probe directory itself may not exist yet: compare its parent.

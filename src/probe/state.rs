@@ -101,6 +101,11 @@ pub struct Snapshot {
 }
 
 impl VolumeState {
+    /// The filesystem type the volume is on (`ext4`, `tmpfs`, ...).
+    pub fn fstype(&self) -> String {
+        self.fs.lock().map(|f| f.fstype.clone()).unwrap_or_default()
+    }
+
     pub fn new(cfg: &VolumeSpec, window: Duration, fs: FsInfo) -> VolumeState {
         let cap = MAX_WINDOW_SAMPLES as usize;
         VolumeState {

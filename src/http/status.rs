@@ -100,10 +100,42 @@ pub fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64) -> Str
     );
 
     if snap.volumes.is_empty() {
-        o.push_str("<h2>Volumes</h2><p>No volume is probed.</p>");
-    }
-    for (v, s) in &snap.volumes {
-        volume(&mut o, v, s, snap);
+        o.push_str("<h2 id=\"summary\">Volumes</h2><p>No volume is probed.</p>");
+    } else {
+        let mut sections = String::with_capacity(8 * 1024);
+        o.push_str(
+            "<h2 id=\"summary\">Volumes</h2><table class=\"summary\"><tr><th>volume</th>\
+             <th>commit ceiling in force</th><th>set by</th><th>commit p50 busy</th>\
+             <th>commit p50 after idle</th><th>read p50 busy</th><th>read p50 after idle</th>\
+             <th>findings</th></tr>",
+        );
+        for (v, s) in &snap.volumes {
+            let findings = volume(&mut sections, v, s, snap);
+            let (ceiling, basis) =
+                match ceiling_in_force(&commit_bases(v, s, &snap.clusters, &snap.limits)) {
+                    Some((b, c)) => (format!("{} commits/s", num(c)), b),
+                    None => ("-".to_string(), "-"),
+                };
+            let p50 =
+                |op, phase| opt_seconds(s.quantiles(op, phase).and_then(|q| q.first()).copied());
+            let _ = write!(
+                o,
+                "<tr><td>{}</td><td class=\"n\">{ceiling}</td><td>{basis}</td>\
+                 <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+                 <td class=\"n\">{}</td><td>{}</td></tr>",
+                esc(&v.name),
+                p50(Op::Commit, Phase::Busy),
+                p50(Op::Commit, Phase::AfterIdle),
+                p50(Op::Read, Phase::Busy),
+                p50(Op::Read, Phase::AfterIdle),
+                match findings {
+                    0 => "<span class=\"ok\">none</span>".to_string(),
+                    n => format!("<a class=\"bad\" href=\"#volume-{}\">{n}</a>", esc(&v.name)),
+                },
+            );
+        }
+        o.push_str("</table>");
+        o.push_str(&sections);
     }
     clusters(&mut o, &snap.clusters, now_unix);
     health(&mut o, snap);
@@ -115,13 +147,14 @@ fn opt_seconds(x: Option<f64>) -> String {
     x.map(fmt_seconds).unwrap_or_else(|| "-".to_string())
 }
 
-fn per_second(x: f64) -> String {
+/// A rate with 3 significant digits (at least the units).
+fn num(x: f64) -> String {
     if x >= 100.0 {
-        format!("{x:.0}/s")
+        format!("{x:.0}")
     } else if x >= 10.0 {
-        format!("{x:.1}/s")
+        format!("{x:.1}")
     } else {
-        format!("{x:.2}/s")
+        format!("{x:.2}")
     }
 }
 
@@ -174,7 +207,8 @@ fn op_stats(s: &Snapshot, op: Op, phase: Phase) -> Option<OpStats> {
     })
 }
 
-fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) {
+/// One volume's section; returns how many findings it has.
+fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) -> usize {
     let name = esc(&v.name);
     let _ = write!(o, "<h2 id=\"volume-{name}\">Volume {name}</h2>");
 
@@ -261,9 +295,9 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
             Some((basis, c)) => {
                 let _ = write!(
                     o,
-                    "<p class=\"in-force\">Ceiling in force: <b>{} commits</b> for one client, \
+                    "<p class=\"in-force\">Ceiling in force: <b>{} commits/s</b> for one client, \
                      set by <b>{basis}</b>.</p>",
-                    per_second(c)
+                    num(c)
                 );
             }
             None => o.push_str(
@@ -282,7 +316,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         }
         if !rows.is_empty() {
             o.push_str(
-                "<table class=\"ceiling\"><tr><th>basis</th><th>commits per second</th>\
+                "<table class=\"ceiling\"><tr><th>basis</th><th>commits/s</th>\
                  <th>what it is</th><th>in force</th></tr>",
             );
             for (basis, c) in &rows {
@@ -290,7 +324,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
                 let _ = write!(
                     o,
                     "<tr><td>{basis}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
-                    per_second(*c),
+                    num(*c),
                     basis_words(basis),
                     if on { "<b>yes</b>" } else { "" }
                 );
@@ -301,10 +335,10 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
             && let Some((_, p50)) = bases.iter().find(|(b, _)| *b == "probe_p50")
         {
             findings.push(format!(
-                "A write-IOPS cap holds commits to {}, although the storage answers a commit fast \
-                 enough for {}.",
-                per_second(c),
-                per_second(*p50)
+                "A write-IOPS cap holds commits to {} per second, although the storage answers \
+                 a commit fast enough for {}.",
+                num(c),
+                num(*p50)
             ));
         }
     }
@@ -419,6 +453,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         }
         o.push_str("</ul>");
     }
+    findings.len()
 }
 
 fn caps(o: &mut String, volume: &str, limits: &LimitsSnapshot, findings: &mut Vec<String>) {

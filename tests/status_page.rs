@@ -269,6 +269,8 @@ fn volumes_and_a_setup_error_as_the_browser_shows_them() {
         "{b}"
     );
     assert!(b.contains("setup free_space_reserve"), "{b}");
+    assert!(b.contains("(probe files not set up)"), "{b}");
+    assert!(b.contains("Ceiling in force: unknown"), "{b}");
 
     let clusters = section(&dom, "clusters");
     assert!(

@@ -212,6 +212,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
     let name = esc(&v.name);
     let _ = write!(o, "<h2 id=\"volume-{name}\">Volume {name}</h2>");
 
+    let setup_note = v.counts.last_setup_error();
     // What is probed and how.
     let probes = match (v.commit_probe, v.read_probe) {
         (true, true) => "commit, read",
@@ -243,7 +244,13 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         dir = esc(&v.probe_dir_path.display().to_string()),
         dev = esc(&s.fs.device),
         fstype = esc(&s.fs.fstype),
-        engine = s.engine.map(|e| e.as_str()).unwrap_or("not set up"),
+        engine = match (s.engine, &setup_note) {
+            (None, _) => "not set up".to_string(),
+            (Some(e), Some(n)) if n.cause != "no_direct_io" => {
+                format!("{} (probe files not set up)", e.as_str())
+            }
+            (Some(e), _) => e.as_str().to_string(),
+        },
         sync = if v.commit_probe {
             v.sync_method.as_str()
         } else {
@@ -368,7 +375,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         }
         o.push_str("</table>");
     }
-    if let Some(note) = v.counts.last_setup_error() {
+    if let Some(note) = &setup_note {
         let _ = write!(
             o,
             "<p class=\"bad setup-error\">Setup error ({}): {}</p>",

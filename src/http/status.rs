@@ -656,6 +656,103 @@ mod tests {
         assert_eq!(ceiling_in_force(&[]), None);
     }
 
+    /// The case the page is for: a fast commit probe (465 µs) on a disk
+    /// whose cgroup caps writes at 200 IOPS, each commit costing 8/3 device
+    /// writes: the cap sets the ceiling (75/s), and the page says so. The
+    /// volume is on tmpfs and its setup error carries markup.
+    #[test]
+    fn a_cap_sets_the_ceiling_and_every_value_is_escaped() {
+        use crate::limits::{CgroupRow, LimitRow};
+        use crate::probe::fsinfo::FsInfo;
+        use crate::probe::settings::{ProbeSettings, VolumeSpec};
+        use crate::types::Resource;
+
+        let spec = VolumeSpec {
+            name: "wal".into(),
+            path: "/srv/<b>wal</b>".into(),
+            probe_dir: "/srv/<b>wal</b>/pg-storage-exporter-probe".into(),
+            probe: ProbeSettings::default(),
+            provisioned: Vec::new(),
+            cgroup: None,
+        };
+        let fs = FsInfo {
+            fstype: "tmpfs".into(),
+            device: "tmpfs".into(),
+            ..Default::default()
+        };
+        let v = Arc::new(VolumeState::new(
+            &spec,
+            std::time::Duration::from_secs(60),
+            fs,
+        ));
+        let now = std::time::Instant::now();
+        for _ in 0..20 {
+            v.record(Op::Commit, Phase::Busy, now, 465e-6);
+            v.record(Op::Sync, Phase::Busy, now, 400e-6);
+            v.record(Op::Commit, Phase::AfterIdle, now, 2e-3);
+        }
+        v.counts.setup_error(
+            "EACCES",
+            "probe directory /srv/<script>x</script>: denied".into(),
+        );
+        let s = v.snapshot(now, &crate::model::WINDOW_QUANTILES);
+        let limits = LimitsSnapshot {
+            rows: vec![LimitRow {
+                volume: "wal".into(),
+                source: "cgroup",
+                resource: Resource::WriteIops,
+                value: 200.0,
+                utilization: Some(0.97),
+            }],
+            cgroups: vec![CgroupRow {
+                volume: "wal".into(),
+                scope: "postgres:main".into(),
+                version: "v2",
+                cgroup: "/system.slice/<pg>.service".into(),
+                disk: "vda".into(),
+            }],
+            writes_per_probe: [("wal".to_string(), 8.0 / 3.0)].into_iter().collect(),
+            ..Default::default()
+        };
+        let snap = ScrapeSnapshot {
+            volumes: vec![(v, s)],
+            clusters: Vec::new(),
+            limits,
+        };
+        let html = render(&snap, "/metrics", 0.0);
+        assert!(
+            html.contains(
+                "Ceiling in force: <b>75.0 commits/s</b> for one client, set by <b>cap</b>."
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td>probe_p50</td><td class=\"n\">2151</td>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td>cap</td><td class=\"n\">75.0</td>"),
+            "{html}"
+        );
+        assert!(
+            html.contains("A write-IOPS cap holds commits to 75.0 per second"),
+            "{html}"
+        );
+        assert!(
+            html.contains("write_iops cap of 200 IOPS is 97 % used"),
+            "{html}"
+        );
+        assert!(html.contains("tmpfs keeps files in memory"), "{html}");
+        assert!(html.contains("465 µs"), "{html}");
+        assert!(html.contains("/srv/&lt;b&gt;wal&lt;/b&gt;"), "{html}");
+        assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"), "{html}");
+        assert!(html.contains("/system.slice/&lt;pg&gt;.service"), "{html}");
+        assert!(
+            !html.contains("<script>") && !html.contains("<b>wal"),
+            "{html}"
+        );
+    }
+
     #[test]
     fn empty_snapshot_renders_every_section() {
         let snap = ScrapeSnapshot {

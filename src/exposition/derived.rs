@@ -20,6 +20,45 @@ fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
     crate::model::ceiling::capped_ceiling(cap, wpp)
 }
 
+/// The commit ceilings of a volume that the ceiling in force is the lowest
+/// of, as (basis, commits per second): probe_p50, then postgres (one per
+/// cluster whose WAL is on the volume), then cap; absent bases left out.
+pub fn commit_bases(
+    v: &VolumeState,
+    s: &Snapshot,
+    clusters: &[ClusterSnapshot],
+    limits: &LimitsSnapshot,
+) -> Vec<(&'static str, f64)> {
+    let mut bases = Vec::new();
+    if let Some(p50) = s
+        .quantiles(Op::Commit, s.rate_phase(Op::Commit))
+        .and_then(|q| q.first())
+        && let Some(c) = commit_ceiling(*p50)
+    {
+        bases.push(("probe_p50", c));
+    }
+    for c in clusters {
+        if c.wal_volume() == Some(v.name.as_str())
+            && let Some(ceiling) = c.wal_sync_mean.and_then(commit_ceiling)
+        {
+            bases.push(("postgres", ceiling));
+        }
+    }
+    if let Some(c) = cap_ceiling(limits, &v.name) {
+        bases.push(("cap", c));
+    }
+    bases
+}
+
+/// The ceiling in force among [`commit_bases`]: the lowest, with the basis
+/// that sets it (the first listed on a tie).
+pub fn ceiling_in_force(bases: &[(&'static str, f64)]) -> Option<(&'static str, f64)> {
+    bases
+        .iter()
+        .copied()
+        .reduce(|a, b| if b.1 < a.1 { b } else { a })
+}
+
 pub fn encode(
     enc: Enc<'_, '_>,
     snaps: &[(Arc<VolumeState>, Snapshot)],
@@ -162,20 +201,7 @@ pub fn encode(
 
     let mut in_force = Vec::new();
     for (v, s) in snaps {
-        let mut bases: Vec<f64> = Vec::new();
-        if let Some(p50) = s
-            .quantiles(Op::Commit, s.rate_phase(Op::Commit))
-            .and_then(|q| q.first())
-        {
-            bases.extend(commit_ceiling(*p50));
-        }
-        for c in clusters {
-            if c.wal_volume() == Some(v.name.as_str()) {
-                bases.extend(c.wal_sync_mean.and_then(commit_ceiling));
-            }
-        }
-        bases.extend(cap_ceiling(limits, &v.name));
-        if let Some(m) = bases.into_iter().reduce(f64::min) {
+        if let Some((_, m)) = ceiling_in_force(&commit_bases(v, s, clusters, limits)) {
             in_force.push(([("volume", v.name.as_str())], m));
         }
     }

@@ -12,8 +12,10 @@ use super::ScrapeSnapshot;
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 
-pub fn encode(enc: Enc<'_, '_>, s: &ScrapeSnapshot) -> std::fmt::Result {
-    // (collector, success, duration of its latest run if known)
+/// Each collector of the snapshot: (collector, its latest run succeeded,
+/// how long that run took if known), as `pgstorage_collector_success` and
+/// `pgstorage_collector_duration_seconds` show them.
+pub fn rows(s: &ScrapeSnapshot) -> Vec<(String, bool, Option<f64>)> {
     let mut rows: Vec<(String, bool, Option<f64>)> = Vec::new();
     for (v, snap) in &s.volumes {
         let (ok, seconds) = v.counts.last_run();
@@ -32,6 +34,11 @@ pub fn encode(enc: Enc<'_, '_>, s: &ScrapeSnapshot) -> std::fmt::Result {
             Some(ran.seconds),
         ));
     }
+    rows
+}
+
+pub fn encode(enc: Enc<'_, '_>, s: &ScrapeSnapshot) -> std::fmt::Result {
+    let rows = rows(s);
     gauge(
         enc,
         "pgstorage_collector_success",

@@ -6,10 +6,10 @@
 //! this router and listener; without them the endpoint is plain HTTP.
 
 pub mod auth;
+pub mod status;
 pub mod tls;
 pub mod web_config;
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,12 +17,11 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{Html, IntoResponse, Response};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 
 use crate::exposition::{Format, Metrics};
 use crate::probe::set::VolumeSet;
-use crate::types::{Op, Phase};
 
 #[derive(Debug)]
 pub struct AppState {
@@ -86,7 +85,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route(&path, get(metrics))
         .route("/healthz", get(healthz))
-        .route("/", get(landing))
+        .route("/", get(status::page))
         .with_state(state)
 }
 
@@ -113,69 +112,4 @@ async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response
 
 async fn healthz() -> &'static str {
     "ok\n"
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-async fn landing(State(s): State<Arc<AppState>>) -> Html<String> {
-    let now = Instant::now();
-    let mut rows = String::new();
-    for v in &s.volumes.list() {
-        let snap = v.snapshot(now, &[0.5, 0.99]);
-        let q = |op: Op, phase: Phase, k: usize| {
-            snap.quantiles(op, phase)
-                .and_then(|q| q.get(k))
-                .map(|x| crate::model::verdict::fmt_seconds(*x))
-                .unwrap_or_else(|| "-".to_string())
-        };
-        let probes = match (v.commit_probe, v.read_probe) {
-            (true, true) => "commit, read",
-            (true, false) => "commit",
-            (false, true) => "read",
-            _ => "",
-        };
-        let _ = write!(
-            rows,
-            "<tr><td>{}</td><td>{}</td><td>{} ({})</td><td>{}</td><td>{}</td><td>{}</td><td>{} / {}</td><td>{} / {}</td><td>{} / {}</td><td>{} / {}</td></tr>",
-            esc(&v.name),
-            esc(&v.path.display().to_string()),
-            esc(&snap.fs.device),
-            esc(&snap.fs.fstype),
-            snap.engine.map(|e| e.as_str()).unwrap_or("starting"),
-            if v.commit_probe {
-                v.sync_method.as_str()
-            } else {
-                "-"
-            },
-            probes,
-            q(Op::Commit, Phase::Busy, 0),
-            q(Op::Commit, Phase::Busy, 1),
-            q(Op::Commit, Phase::AfterIdle, 0),
-            q(Op::Commit, Phase::AfterIdle, 1),
-            q(Op::Read, Phase::Busy, 0),
-            q(Op::Read, Phase::Busy, 1),
-            q(Op::Read, Phase::AfterIdle, 0),
-            q(Op::Read, Phase::AfterIdle, 1),
-        );
-    }
-    let path = esc(&s.telemetry_path);
-    Html(format!(
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>pg-storage-exporter</title>\
-         <style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:left}}</style></head><body>\
-         <h1>pg-storage-exporter {version}</h1>\
-         <p>Measures the IO PostgreSQL commits and reads with, per volume.</p>\
-         <ul><li><a href=\"{path}\">{path}</a> metrics</li><li><a href=\"/healthz\">/healthz</a></li></ul>\
-         <h2>Volumes</h2><table><tr><th>volume</th><th>path</th><th>device (fs)</th><th>engine</th>\
-         <th>sync method</th><th>probes</th><th>commit p50 / p99, busy</th><th>commit p50 / p99, after idle</th>\
-         <th>read p50 / p99, busy</th><th>read p50 / p99, after idle</th></tr>{rows}</table>\
-         <p>Busy: the second half of each burst of back-to-back probes, what an IO costs while the \
-         storage is busy. After idle: the lone probe of each interval, what an IO costs after a pause.</p>\
-         </body></html>",
-        version = env!("CARGO_PKG_VERSION"),
-    ))
 }

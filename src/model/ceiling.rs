@@ -32,6 +32,19 @@ pub fn mean_sync_seconds(earlier: (f64, f64), later: (f64, f64)) -> Option<f64> 
     }
 }
 
+/// The share of wall time spent syncing between two readings of a
+/// cumulative sync seconds counter (earlier, later) `elapsed` seconds
+/// apart. `None` over less than a second, or when the counter went
+/// backwards (statistics reset or server restart).
+pub fn sync_time_share(seconds: (f64, f64), elapsed: f64) -> Option<f64> {
+    let spent = seconds.1 - seconds.0;
+    if elapsed >= 1.0 && spent >= 0.0 && spent.is_finite() {
+        Some(spent / elapsed)
+    } else {
+        None
+    }
+}
+
 /// The commit ceiling a write-IOPS cap imposes: each commit costs
 /// `writes_per_commit` device writes, so at most cap / writes commits per
 /// second get through, however fast the device is. On the build machine a 100 IOPS
@@ -66,6 +79,13 @@ pub fn sync_ratio(postgres_mean: f64, probe_mean: f64) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sync_time_share_is_seconds_spent_per_second() {
+        assert_eq!(sync_time_share((10.0, 13.0), 6.0), Some(0.5));
+        assert_eq!(sync_time_share((10.0, 9.0), 6.0), None);
+        assert_eq!(sync_time_share((10.0, 10.2), 0.5), None);
+    }
 
     #[test]
     fn capped_ceilings() {

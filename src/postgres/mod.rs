@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::model::ceiling::mean_sync_seconds;
+use crate::model::ceiling::{mean_sync_seconds, sync_time_share};
 use crate::types::SyncMethod;
 use db::{Db, QResult};
 use dsn::Target;
@@ -84,6 +84,11 @@ pub struct ClusterSnapshot {
     pub volumes: Vec<(String, String)>,
     /// Mean WAL sync seconds over the window, from PostgreSQL's counters.
     pub wal_sync_mean: Option<f64>,
+    /// Seconds PostgreSQL spent in WAL syncs per second of wall time over
+    /// the window (the sync seconds counter's rate): 0.5 is half the time.
+    pub wal_sync_share: Option<f64>,
+    /// The latest failure: (what failed, cause label, unix time).
+    pub last_error: Option<(&'static str, &'static str, f64)>,
 }
 
 impl ClusterSnapshot {
@@ -144,7 +149,14 @@ impl ClusterState {
     }
 
     fn error(&self, what: &'static str, cause: Cause) {
-        self.with(|i| *i.snap.errors.entry((what, cause.label())).or_default() += 1);
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        self.with(|i| {
+            *i.snap.errors.entry((what, cause.label())).or_default() += 1;
+            i.snap.last_error = Some((what, cause.label(), unix));
+        });
     }
 
     fn down(&self) {
@@ -154,6 +166,7 @@ impl ClusterState {
             i.snap.waits.pause();
             i.wal_history.clear();
             i.snap.wal_sync_mean = None;
+            i.snap.wal_sync_share = None;
         });
     }
 
@@ -171,12 +184,21 @@ impl ClusterState {
                 {
                     i.wal_history.pop_front();
                 }
-                i.snap.wal_sync_mean = match (i.wal_history.front(), i.wal_history.back()) {
+                let (a, b) = (i.wal_history.front(), i.wal_history.back());
+                i.snap.wal_sync_mean = match (a, b) {
                     (Some(a), Some(b)) => mean_sync_seconds((a.1, a.2), (b.1, b.2)),
+                    _ => None,
+                };
+                i.snap.wal_sync_share = match (a, b) {
+                    (Some(a), Some(b)) => sync_time_share(
+                        (a.2, b.2),
+                        b.0.saturating_duration_since(a.0).as_secs_f64(),
+                    ),
                     _ => None,
                 };
             } else {
                 i.snap.wal_sync_mean = None;
+                i.snap.wal_sync_share = None;
             }
             i.snap.up = true;
             i.snap.stats = Some(stats);

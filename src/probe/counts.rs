@@ -42,6 +42,19 @@ pub struct ProbeCounts {
     read_probe: bool,
     /// Whether the latest commit or read probe succeeded, and its latency.
     last: Mutex<(bool, Option<f64>)>,
+    /// The latest setup error in words, while it stands (see
+    /// [`ProbeCounts::setup_error`]).
+    setup_error: Mutex<Option<SetupNote>>,
+}
+
+/// Why the probe files could not be set up, for the status page: the cause
+/// label of the `setup` error series, the error in words and when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetupNote {
+    pub cause: &'static str,
+    pub message: String,
+    /// Unix time of the failed attempt.
+    pub unix: f64,
 }
 
 impl ProbeCounts {
@@ -71,6 +84,7 @@ impl ProbeCounts {
             cache_served: AtomicU64::new(0),
             read_probe,
             last: Mutex::new((true, None)),
+            setup_error: Mutex::new(None),
         }
     }
 
@@ -98,6 +112,37 @@ impl ProbeCounts {
         if let Ok(mut l) = self.last.lock() {
             l.0 = false;
         }
+    }
+
+    /// Counts a setup error (op `setup`) and keeps it in words until
+    /// [`ProbeCounts::setup_done`].
+    pub fn setup_error(&self, cause: &'static str, message: String) {
+        self.error("setup", cause);
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        if let Ok(mut n) = self.setup_error.lock() {
+            *n = Some(SetupNote {
+                cause,
+                message,
+                unix,
+            });
+        }
+    }
+
+    /// Setup succeeded: the latest setup error no longer stands.
+    pub fn setup_done(&self) {
+        if let Ok(mut n) = self.setup_error.lock() {
+            *n = None;
+        }
+    }
+
+    /// The setup error that stands, if any: the probe directory cannot be
+    /// set up, or a probe was given up at setup (a read probe on a
+    /// filesystem without O_DIRECT).
+    pub fn last_setup_error(&self) -> Option<SetupNote> {
+        self.setup_error.lock().ok()?.clone()
     }
 
     /// (latest probe succeeded, its latency): the probe thread's collector

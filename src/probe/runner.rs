@@ -323,10 +323,16 @@ impl Runner {
         let mut backoff = SETUP_BACKOFF_START;
         loop {
             match self.setup() {
-                Ok(p) => return Some(p),
+                Ok(p) => {
+                    // A read probe given up at setup stays said.
+                    if !(self.cfg.probe.read_probe && p.read.is_none()) {
+                        self.state.counts.setup_done();
+                    }
+                    return Some(p);
+                }
                 Err(SetupError::Stopped) => return None,
                 Err(e) => {
-                    self.state.counts.error("setup", e.label());
+                    self.state.counts.setup_error(e.label(), e.to_string());
                     tracing::error!(
                         volume = %self.cfg.name,
                         error = %e,
@@ -382,7 +388,9 @@ impl Runner {
                 Err(e @ SetupError::DirectIoUnsupported { .. }) if wal.is_some() => {
                     // Permanent for this filesystem (tmpfs before 6.6, some
                     // FUSE): keep the commit probe, say so once.
-                    self.state.counts.error("setup", e.label());
+                    self.state
+                        .counts
+                        .setup_error(e.label(), format!("read probe disabled: {e}"));
                     tracing::error!(volume = %self.cfg.name, error = %e, "read probe disabled");
                     None
                 }

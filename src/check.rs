@@ -9,6 +9,8 @@
 //! go into HDR histograms (3 significant digits, bounded memory for any
 //! duration).
 
+mod progress;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -26,6 +28,8 @@ use crate::probe::fsinfo::{self, Roots};
 use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, WAL_FILE_SIZE};
 use crate::types::{EngineChoice, EngineKind, SyncMethod};
+
+use progress::Progress;
 
 /// The idle time before each lone commit. The after-idle cost grows with the
 /// pause and levels off within about 50 ms on the build machine; 250 ms is
@@ -136,7 +140,11 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
 
     let dir = ProbeDir::open(&probe_dir)
         .map_err(|e| cannot_create(e, probe_dir.parent().unwrap_or(&path)))?;
-    let result = measure(opts, &dir, &mut engine);
+    let result = {
+        // Gone (and its line erased) before anything else is written.
+        let progress = Progress::new();
+        measure(opts, &dir, &mut engine, &progress)
+    };
     let problems = dir.remove_all();
     for p in problems {
         tracing::error!(problem = %p, "could not remove probe file");
@@ -216,7 +224,12 @@ struct Measured {
     elapsed: Duration,
 }
 
-fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::Result<Measured> {
+fn measure(
+    opts: &CheckOptions,
+    dir: &ProbeDir,
+    engine: &mut Engine,
+    progress: &Progress,
+) -> anyhow::Result<Measured> {
     let mut m = Measured {
         sweep: None,
         write: new_hist()?,
@@ -233,6 +246,15 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
         bail!("nothing to do: both --no-commit and --no-read given");
     }
     let phase = opts.duration / phases.max(1);
+    // Planned time of each part, for the progress line's time left.
+    let reads_planned = if opts.read { phase } else { Duration::ZERO };
+    let sweep_planned = opts.sweep.unwrap_or_default();
+    let commits_planned = if opts.commit { phase } else { Duration::ZERO };
+    progress.phase(
+        "setup",
+        Duration::ZERO,
+        commits_planned + reads_planned + sweep_planned,
+    );
     // Time spent probing only; creating the probe files is not part of it.
     let mut probing = Duration::ZERO;
     let stopped = crate::sys::interrupted;
@@ -258,6 +280,12 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
             block = (block + 1) % blocks;
             r.map_err(|f| note_error(f.to_string(), errors)).ok()
         };
+        let pauses = AFTER_IDLE_PAUSE * lone;
+        progress.phase(
+            "commits",
+            busy_phase,
+            pauses + reads_planned + sweep_planned,
+        );
         let t0 = Instant::now();
         while t0.elapsed() < busy_phase && !stopped() {
             if let Some(t) = commit_next(&mut m.errors) {
@@ -268,6 +296,7 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
                 record(&mut m.commit, t.commit);
             }
         }
+        progress.phase("pauses", pauses, reads_planned + sweep_planned);
         for _ in 0..lone {
             if stopped() {
                 break;
@@ -281,6 +310,7 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
     }
     let mut read_file: Option<std::fs::File> = None;
     if opts.read && !stopped() {
+        progress.phase("setup", Duration::ZERO, reads_planned + sweep_planned);
         let read = match dir.create_read_file(opts.read_file_size, opts.free_space_reserve) {
             Ok(f) => f,
             Err(e @ crate::probe::files::SetupError::DirectIoUnsupported { .. }) => {
@@ -294,6 +324,7 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
         };
         let blocks = opts.read_file_size / BLOCK_SIZE as u64;
         let mut rng = Rng::seeded();
+        progress.phase("reads", phase, sweep_planned);
         let t0 = Instant::now();
         while t0.elapsed() < phase && !stopped() {
             match engine.read(raw(&read), rng.below(blocks) * BLOCK_SIZE as u64) {
@@ -323,6 +354,7 @@ fn measure(opts: &CheckOptions, dir: &ProbeDir, engine: &mut Engine) -> anyhow::
                 Some(f) => f,
                 None => dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?,
             };
+            progress.phase("sweep", d, Duration::ZERO);
             let points = crate::probe::sweep::run(raw(&read), opts.read_file_size, d, &stopped)
                 .map_err(|e| anyhow::anyhow!("queue-depth sweep: {e}"))?;
             m.sweep = Some(points);

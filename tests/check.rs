@@ -258,3 +258,50 @@ fn sweep_prints_the_depth_table() {
     assert_eq!(r["sweep"].as_array().unwrap().len(), 4);
     assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
 }
+
+/// Under a terminal, `check` shows one updating progress line on stderr
+/// with its phase, the time elapsed and the time left. `script` (util-linux)
+/// gives it a pseudo-terminal; what it records is everything the terminal
+/// got, stdout and stderr together.
+#[test]
+fn progress_line_under_a_terminal_names_the_phases() {
+    let dir = tempfile::tempdir().unwrap();
+    let cmd = format!(
+        "{BIN} check {} --duration 3s --read-file-size 8MiB --free-space-reserve 0 --sweep 1s",
+        dir.path().display()
+    );
+    let out = Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script (util-linux) runs");
+    let tty = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{tty}");
+    for want in [
+        "check: commits",
+        "check: pauses",
+        "check: reads",
+        "check: sweep",
+        "elapsed ",
+        "remaining ",
+    ] {
+        assert!(
+            tty.contains(want),
+            "no {want:?} in the terminal output:\n{tty}"
+        );
+    }
+    // The line is erased before the report, which is then as when piped.
+    assert!(tty.contains("\x1b[2K"), "{tty}");
+    assert!(tty.contains("verdict: "), "{tty}");
+    assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
+}
+
+#[test]
+fn no_progress_text_when_stderr_is_piped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out, err) = check(dir.path(), &["--sweep", "1s"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(err, "", "stderr must stay empty when piped");
+    assert!(!out.contains("remaining") && !out.contains('\r'), "{out}");
+    assert!(out.starts_with("pg-storage-exporter check "), "{out}");
+}

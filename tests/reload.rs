@@ -155,6 +155,121 @@ fn sighup_applies_a_valid_configuration_and_keeps_the_old_one_on_error() {
     assert!(!log.contains("level=warn"), "{log}");
 }
 
+fn window_samples(m: &str, volume: &str) -> f64 {
+    samples_with(
+        m,
+        "pgstorage_probe_window_samples",
+        &[&format!("volume=\"{volume}\""), "op=\"commit\""],
+    )
+    .iter()
+    .map(|(_, v)| v)
+    .sum()
+}
+
+fn provisioned_iops(m: &str, volume: &str) -> Option<f64> {
+    samples_with(
+        m,
+        "pgstorage_io_limit",
+        &[
+            &format!("volume=\"{volume}\""),
+            "source=\"provisioned\"",
+            "resource=\"iops\"",
+        ],
+    )
+    .first()
+    .map(|(_, v)| *v)
+}
+
+/// A reload that changes only a volume's provisioned limits updates them in
+/// place: the probe thread, its window and its counters go on, and the new
+/// limit is exported after the next limits pass. A change of `interval`
+/// still restarts the volume (its counts start over).
+#[test]
+fn sighup_keeps_the_window_when_only_limits_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a");
+    std::fs::create_dir_all(&a).unwrap();
+    let cfg = dir.path().join("c.toml");
+    let write = |interval: &str, iops: u32| {
+        let text = format!(
+            "limits_interval = \"200ms\"\n{}provisioned_iops = {iops}\n",
+            volume("a", &a, interval)
+        );
+        std::fs::write(&cfg, text).unwrap();
+    };
+    write("100ms", 1000);
+    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let m = ex.wait_for("a probing with its limit exported", WAIT, |m| {
+        count(m, "a", "commit") >= 20.0 && provisioned_iops(m, "a") == Some(1000.0)
+    });
+    let (count_before, window_before) = (count(&m, "a", "commit"), window_samples(&m, "a"));
+    assert!(window_before >= 20.0, "{m}");
+
+    // 1. Only provisioned_iops changes: kept, the new limit shown.
+    write("100ms", 3000);
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("the new provisioned limit exported", WAIT, |m| {
+        provisioned_iops(m, "a") == Some(3000.0)
+    });
+    let (count_after, window_after) = (count(&m, "a", "commit"), window_samples(&m, "a"));
+    println!(
+        "limits-only reload: commit count {count_before} -> {count_after}, \
+         window samples {window_before} -> {window_after}"
+    );
+    assert!(count_after >= count_before, "the counters restarted:\n{m}");
+    assert!(
+        window_after >= window_before,
+        "the window was dropped:\n{m}"
+    );
+    assert_eq!(reload_counter(&m, "success"), 1.0);
+    ex.wait_for("the count still growing from its old value", WAIT, |m| {
+        count(m, "a", "commit") > count_after + 2.0
+    });
+    let log = ex.wait_log("volume limits updated in place", WAIT);
+    assert!(
+        log.contains("changed=\"provisioned_iops 1000 -> 3000\""),
+        "{log}"
+    );
+    assert!(
+        log.contains("volumes_limits_updated=\"[\\\"a\\\"]\""),
+        "{log}"
+    );
+    assert!(log.contains("volumes_changed=[]"), "{log}");
+    assert_eq!(
+        occurrences(&log, "volume stopped by the reload"),
+        0,
+        "{log}"
+    );
+
+    // 2. interval changes: restarted as before, the counts start over.
+    let m = ex.metrics();
+    let count_before = count(&m, "a", "commit");
+    write("200ms", 3000);
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("a restarted by the reload", WAIT, |m| {
+        reload_counter(m, "success") == 2.0
+            && count(m, "a", "commit") < count_before
+            && count(m, "a", "commit") >= 1.0
+    });
+    println!(
+        "interval reload: commit count {count_before} -> {}, window samples -> {}",
+        count(&m, "a", "commit"),
+        window_samples(&m, "a")
+    );
+    assert!(window_samples(&m, "a") < window_before, "{m}");
+    let log = ex.wait_log("volumes_changed=\"[\\\"a\\\"]\"", WAIT);
+    assert_eq!(
+        occurrences(&log, "volume stopped by the reload"),
+        1,
+        "{log}"
+    );
+    assert_eq!(provisioned_iops(&m, "a"), Some(3000.0), "{m}");
+
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+    assert!(!ex.log().contains("level=warn"), "{}", ex.log());
+}
+
 /// A cluster added by a reload is watched and its filesystem discovered; a
 /// reload that drops it closes the connection and removes the volume its
 /// discovery added, files and series. The PostgreSQL server is untouched.

@@ -26,6 +26,7 @@ impl Inputs for LimitsInputs {
             .into_iter()
             .map(|v| {
                 let snap = v.snapshot(now, &[]);
+                let limits = v.limits();
                 let disk = match snap.fs.disk {
                     Some(d) => Ok(DiskInput {
                         name: d.name,
@@ -36,8 +37,8 @@ impl Inputs for LimitsInputs {
                 VolumeInput {
                     name: v.name.clone(),
                     disk,
-                    provisioned: v.provisioned.clone(),
-                    cgroup: v.cgroup.clone(),
+                    provisioned: limits.provisioned,
+                    cgroup: limits.cgroup,
                     commit_probe: v.commit_probe,
                     interval: v.interval,
                     busy_every: v.busy_every,

@@ -22,7 +22,8 @@ use crate::http::web_config::WebSecurity;
 use crate::limits::LimitsState;
 use crate::postgres::{ClusterSet, ClusterState};
 use crate::probe::set::VolumeSet;
-use crate::probe::settings::VolumeSpec;
+use crate::probe::settings::{SpecChange, VolumeLimits, VolumeSpec};
+use crate::types::Resource;
 
 /// Where the configuration came from, to load it again on SIGHUP: the same
 /// file and the same flags.
@@ -73,11 +74,17 @@ struct Changes {
     added: Vec<String>,
     removed: Vec<String>,
     changed: Vec<String>,
+    /// Volumes whose provisioned limits or cgroup alone changed: updated in
+    /// place, not restarted (never set for clusters).
+    limits_only: Vec<String>,
 }
 
 impl Changes {
     fn is_empty(&self) -> bool {
-        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+        self.added.is_empty()
+            && self.removed.is_empty()
+            && self.changed.is_empty()
+            && self.limits_only.is_empty()
     }
 }
 
@@ -102,6 +109,59 @@ fn diff<T>(
         }
     }
     c
+}
+
+/// Volumes sorted like [`diff`], then the changed ones whose probe runs as
+/// before (only provisioned limits or the cgroup differ) moved to
+/// `limits_only`: restarting those would throw away a window of samples and
+/// the counters for a change the probe thread never sees.
+fn diff_volumes(old: &[VolumeSpec], new: &[VolumeSpec]) -> Changes {
+    let mut c = diff(old, new, |v: &VolumeSpec| &v.name, |a, b| a == b);
+    let find = |list: &[VolumeSpec], name: &str| list.iter().find(|v| v.name == name).cloned();
+    let (limits_only, restart) =
+        std::mem::take(&mut c.changed)
+            .into_iter()
+            .partition(|name| match (find(old, name), find(new, name)) {
+                (Some(o), Some(n)) => o.change_to(&n) == SpecChange::LimitsOnly,
+                _ => false,
+            });
+    c.changed = restart;
+    c.limits_only = limits_only;
+    c
+}
+
+/// What differs between two volumes' limits, in the configuration's own
+/// keys, for the log line: `provisioned_iops 1000 -> 3000, cgroup none ->
+/// /pg.slice`.
+fn describe_limits(old: &VolumeLimits, new: &VolumeLimits) -> String {
+    let key = |r: Resource| {
+        format!(
+            "provisioned_{}",
+            r.as_str().replace("bytes_per_second", "throughput")
+        )
+    };
+    let value = |l: &VolumeLimits, r: Resource| {
+        l.provisioned
+            .iter()
+            .find(|(x, _)| *x == r)
+            .map_or_else(|| "none".to_string(), |(_, v)| v.to_string())
+    };
+    let mut resources: Vec<Resource> = Vec::new();
+    for (r, _) in old.provisioned.iter().chain(new.provisioned.iter()) {
+        if !resources.contains(r) {
+            resources.push(*r);
+        }
+    }
+    let mut parts: Vec<String> = resources
+        .into_iter()
+        .filter(|r| value(old, *r) != value(new, *r))
+        .map(|r| format!("{} {} -> {}", key(r), value(old, r), value(new, r)))
+        .collect();
+    if old.cgroup != new.cgroup {
+        let c = |l: &VolumeLimits| l.cgroup.clone().unwrap_or_else(|| "none".to_string());
+        parts.push(format!("cgroup {} -> {}", c(old), c(new)));
+    }
+    parts.join(", ")
 }
 
 /// Two cluster configurations connect and collect the same way. The
@@ -326,12 +386,7 @@ impl Supervisor {
             );
             new.window = self.cfg.window;
         }
-        let vols = diff(
-            &self.cfg.volumes,
-            &new.volumes,
-            |v: &VolumeSpec| &v.name,
-            |a, b| a == b,
-        );
+        let vols = diff_volumes(&self.cfg.volumes, &new.volumes);
         let defaults_changed = new.volume_defaults != self.cfg.volume_defaults;
         let mut clus = diff(
             &self.cfg.clusters,
@@ -400,6 +455,33 @@ impl Supervisor {
                 }
             }
         }
+        for v in &self.cfg.volumes {
+            if !vols.limits_only.contains(&v.name) {
+                continue;
+            }
+            let limits = v.limits();
+            match self.volumes.set_limits(&v.name, limits.clone()) {
+                Some(before) => tracing::info!(
+                    volume = %v.name,
+                    changed = %describe_limits(&before, &limits),
+                    "volume limits updated in place; its probe window and counters are kept"
+                ),
+                None => {
+                    // Not running (it failed to start on an earlier
+                    // reload): start it, as any changed volume would be.
+                    let (set, spec, name) = (self.volumes.clone(), v.clone(), v.name.clone());
+                    match tokio::task::spawn_blocking(move || set.add(spec)).await {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => {
+                            tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")
+                        }
+                        Err(e) => {
+                            tracing::error!(volume = %name, error = %e, "cannot start the volume")
+                        }
+                    }
+                }
+            }
+        }
         for c in self.cfg.clusters.clone() {
             let n = &c.collector.name;
             if clus.added.contains(n) || clus.changed.contains(n) {
@@ -447,6 +529,7 @@ impl Supervisor {
                 volumes_added = ?vols.added,
                 volumes_removed = ?vols.removed,
                 volumes_changed = ?vols.changed,
+                volumes_limits_updated = ?vols.limits_only,
                 discovered_volumes_removed = ?orphans,
                 clusters_added = ?clus.added,
                 clusters_removed = ?clus.removed,
@@ -488,6 +571,95 @@ mod tests {
             |a, b| a.1 == b.1,
         );
         assert!(c.is_empty(), "{c:?}");
+    }
+
+    fn spec(name: &str) -> VolumeSpec {
+        VolumeSpec {
+            name: name.to_string(),
+            path: PathBuf::from(format!("/v/{name}")),
+            probe_dir: PathBuf::from(format!("/v/{name}/probe")),
+            probe: crate::probe::settings::ProbeSettings::default(),
+            provisioned: vec![(Resource::Iops, 1000)],
+            cgroup: None,
+        }
+    }
+
+    #[test]
+    fn volumes_whose_limits_alone_changed_are_kept_apart_from_restarts() {
+        let old = [
+            spec("iops"),
+            spec("cg"),
+            spec("interval"),
+            spec("both"),
+            spec("dir"),
+            spec("same"),
+        ];
+        let mut new = old.clone();
+        new[0].provisioned = vec![(Resource::Iops, 3000), (Resource::WriteIops, 500)];
+        new[1].cgroup = Some("/pg.slice".into());
+        new[2].probe.interval = Duration::from_millis(200);
+        // A probe change wins over a limits change made with it.
+        new[3].provisioned.clear();
+        new[3].probe.sync_method = crate::types::SyncMethod::Fsync;
+        new[4].probe_dir = PathBuf::from("/v/dir/elsewhere");
+        let c = diff_volumes(&old, &new);
+        assert_eq!(c.limits_only, vec!["iops", "cg"]);
+        assert_eq!(c.changed, vec!["interval", "both", "dir"]);
+        assert!(c.added.is_empty() && c.removed.is_empty(), "{c:?}");
+        assert!(!c.is_empty());
+        assert!(diff_volumes(&old, &old).is_empty());
+    }
+
+    #[test]
+    fn every_probe_setting_restarts_the_volume() {
+        let base = spec("v");
+        let mut changes: Vec<VolumeSpec> = Vec::new();
+        let mut with = |f: &dyn Fn(&mut VolumeSpec)| {
+            let mut s = base.clone();
+            f(&mut s);
+            changes.push(s);
+        };
+        with(&|s| s.path = PathBuf::from("/elsewhere"));
+        with(&|s| s.probe.commit_probe = false);
+        with(&|s| s.probe.read_probe = false);
+        with(&|s| s.probe.timeout = Duration::from_secs(3));
+        with(&|s| s.probe.read_file_size = 1 << 20);
+        with(&|s| s.probe.free_space_reserve = 0);
+        with(&|s| s.probe.cache_served_threshold = Duration::ZERO);
+        with(&|s| s.probe.sweep_every = Duration::from_secs(600));
+        with(&|s| s.probe.sweep_duration = Duration::from_secs(2));
+        with(&|s| s.probe.busy_every = Duration::ZERO);
+        with(&|s| s.probe.engine = crate::types::EngineChoice::Sync);
+        for new in &changes {
+            assert_eq!(base.change_to(new), SpecChange::Probe, "{new:?}");
+        }
+        let mut limits = base.clone();
+        limits
+            .provisioned
+            .push((Resource::ReadBytesPerSecond, 1 << 27));
+        assert_eq!(base.change_to(&limits), SpecChange::LimitsOnly);
+        assert_eq!(base.change_to(&base.clone()), SpecChange::Same);
+    }
+
+    #[test]
+    fn limits_changes_are_described_in_configuration_keys() {
+        let old = VolumeLimits {
+            provisioned: vec![(Resource::Iops, 1000), (Resource::ReadBytesPerSecond, 5)],
+            cgroup: None,
+        };
+        let new = VolumeLimits {
+            provisioned: vec![(Resource::Iops, 3000), (Resource::ReadBytesPerSecond, 5)],
+            cgroup: Some("/pg.slice".into()),
+        };
+        assert_eq!(
+            describe_limits(&old, &new),
+            "provisioned_iops 1000 -> 3000, cgroup none -> /pg.slice"
+        );
+        let dropped = VolumeLimits::default();
+        assert_eq!(
+            describe_limits(&old, &dropped),
+            "provisioned_iops 1000 -> none, provisioned_read_throughput 5 -> none"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use anyhow::Context;
 
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::runner::{self, Stop};
-use crate::probe::settings::VolumeSpec;
+use crate::probe::settings::{VolumeLimits, VolumeSpec};
 use crate::probe::state::VolumeState;
 
 #[derive(Debug)]
@@ -103,6 +103,16 @@ impl VolumeSet {
         };
         threads.insert(name, (stop, handle));
         Ok(state)
+    }
+
+    /// Gives a running volume new provisioned limits and cgroup, keeping
+    /// its probe thread, window and counters. The previous limits, or
+    /// `None` when there is no such volume.
+    pub fn set_limits(&self, name: &str, limits: VolumeLimits) -> Option<VolumeLimits> {
+        let v = self.list().into_iter().find(|v| v.name == name)?;
+        let before = v.limits();
+        v.set_limits(limits);
+        Some(before)
     }
 
     /// Stops one volume's probe thread, waits at most `timeout` for it,

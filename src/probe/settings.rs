@@ -101,6 +101,54 @@ pub struct VolumeSpec {
     pub cgroup: Option<String>,
 }
 
+/// The part of a [`VolumeSpec`] only the IO limits collector reads: a
+/// reload that changes nothing else updates it on the running volume.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VolumeLimits {
+    pub provisioned: Vec<(crate::types::Resource, u64)>,
+    pub cgroup: Option<String>,
+}
+
+/// How a volume's spec changed between two configurations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecChange {
+    Same,
+    /// Only [`VolumeLimits`] changed: the probe runs as before, so its
+    /// thread, window and counters can stay.
+    LimitsOnly,
+    /// Something the probe thread uses changed: it must be restarted.
+    Probe,
+}
+
+impl VolumeSpec {
+    pub fn limits(&self) -> VolumeLimits {
+        VolumeLimits {
+            provisioned: self.provisioned.clone(),
+            cgroup: self.cgroup.clone(),
+        }
+    }
+
+    /// What changed from `self` to `new`. Everything but the limits counts
+    /// as probe-affecting, including any field added later: the limits
+    /// are blanked on copies and the rest compared whole, so a new field
+    /// restarts the volume until someone decides it need not.
+    pub fn change_to(&self, new: &VolumeSpec) -> SpecChange {
+        if self == new {
+            return SpecChange::Same;
+        }
+        let probe_part = |s: &VolumeSpec| VolumeSpec {
+            provisioned: Vec::new(),
+            cgroup: None,
+            ..s.clone()
+        };
+        if probe_part(self) == probe_part(new) {
+            SpecChange::LimitsOnly
+        } else {
+            SpecChange::Probe
+        }
+    }
+}
+
 /// A knob with a bounded value. Every source of a value (file, flag,
 /// default for discovery, `check`) checks it against [`RANGES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

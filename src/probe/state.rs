@@ -11,7 +11,7 @@ use crate::model::window::Window;
 use crate::probe::counts::ProbeCounts;
 use crate::probe::files::ProbeDir;
 use crate::probe::fsinfo::FsInfo;
-use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeSpec};
+use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeLimits, VolumeSpec};
 use crate::types::{EngineKind, Op, Phase, SERIES, SyncMethod, series};
 
 fn base() -> Instant {
@@ -37,10 +37,11 @@ pub struct VolumeState {
     /// Configured time between lone probes, and between bursts (zero: none).
     pub interval: Duration,
     pub busy_every: Duration,
-    /// Provisioned limits from the config: (resource, value).
-    pub provisioned: Vec<(crate::types::Resource, u64)>,
-    /// Configured cgroup path whose limits apply to this volume.
-    pub cgroup: Option<String>,
+    /// Provisioned limits and the configured cgroup. Behind a lock because
+    /// a reload that changes only these updates them in place (the probe
+    /// thread never reads them), so the window and counters are kept; the
+    /// limits collector reads them on each pass.
+    limits: Mutex<VolumeLimits>,
     /// Cumulative histogram and error counts.
     pub counts: ProbeCounts,
     fs: Mutex<FsInfo>,
@@ -118,8 +119,7 @@ impl VolumeState {
             timeout: cfg.probe.timeout,
             interval: cfg.probe.interval,
             busy_every: cfg.probe.busy_every,
-            provisioned: cfg.provisioned.clone(),
-            cgroup: cfg.cgroup.clone(),
+            limits: Mutex::new(cfg.limits()),
             counts: ProbeCounts::new(cfg.probe.commit_probe, cfg.probe.read_probe),
             fs: Mutex::new(fs),
             engine: Mutex::new(None),
@@ -135,6 +135,19 @@ impl VolumeState {
             sweep: Mutex::new(None),
             slowdown_milli: AtomicU64::new(1000),
             commit_probes: AtomicU64::new(0),
+        }
+    }
+
+    /// The volume's provisioned limits and configured cgroup, as of now.
+    pub fn limits(&self) -> VolumeLimits {
+        self.limits.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
+    /// Replaces the provisioned limits and cgroup (a reload that changed
+    /// only these); the limits collector uses them from its next pass on.
+    pub fn set_limits(&self, limits: VolumeLimits) {
+        if let Ok(mut l) = self.limits.lock() {
+            *l = limits;
         }
     }
 

@@ -201,11 +201,11 @@ fn stack() -> StackBuilder<'static> {
 const CORE_PANELS: &[(&str, &str)] = &[
     (
         "pg-storage-exporter-overview.json",
-        "Commit ceiling in force vs commit rate",
+        "One client's commit ceiling vs all commits",
     ),
     (
         "pg-storage-exporter-overview.json",
-        "Share of the ceiling in use",
+        "WAL sync time share",
     ),
     ("pg-storage-exporter-overview.json", "IO cap utilization"),
     (
@@ -355,6 +355,9 @@ fn prometheus_evaluates_every_dashboard_and_rule_expression() {
                 .iter()
                 .any(|(f, t)| q.dashboard == *f && q.title == *t)
         })
+        // The timing-off estimate of the WAL sync time share is empty
+        // here by design: the harness runs with track_wal_io_timing on.
+        .filter(|q| !(q.title == "WAL sync time share" && q.ref_id == "B"))
         .collect();
     for (f, t) in CORE_PANELS {
         assert!(

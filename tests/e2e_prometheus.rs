@@ -8,6 +8,11 @@
 //! panels return data, and every metric and label name they use exists in
 //! docs/metrics.md or in the real scrape.
 //!
+//! A second test (root and cgroup v1 blkio, like tests/limits.rs) puts the
+//! WAL on a loop device capped at 100 write IOPS and evaluates the
+//! PgStorageWalSyncSaturated alert's expression under a read-only and a
+//! writing pgbench load.
+//!
 //! Skips (prints SKIPPED) when PostgreSQL is not installed, except under
 //! `CI`, where the harness fails instead. A missing `prometheus` binary
 //! fails with the package to install. Prometheus is stopped, and its temp

@@ -610,10 +610,12 @@ fn pgbench_wait(child: Child, pg: &PgServer) -> String {
 /// process is under a device's cap). `pgbench -S -c 4` (read-only: thousands
 /// of commits per second, next to no WAL sync) for 2 minutes must leave
 /// PgStorageWalSyncSaturated silent at every check; TPC-B `pgbench -c 4`
-/// on the same device must make its condition hold. The single-session
-/// ratio the old alert used (all commits / the commit ceiling in force) and
-/// the timing-off estimate (WAL syncs/s x the busy sync probe's mean) are
-/// printed next to it.
+/// on the same device must make its condition hold, and with
+/// track_wal_io_timing then turned off (a reload, same load),
+/// PgStorageWalSyncSaturatedEstimated's (WAL syncs/s over 1 m x the busy
+/// sync probe's mean over 5 m). The single-session ratio the old alert used
+/// (all commits / the commit ceiling in force) and the estimate with timing
+/// on are printed next to the exact share.
 #[test]
 fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_wal_device() {
     if !loopdev::can_run("the WAL sync saturation e2e test", true) {
@@ -740,9 +742,39 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
 
     // Writing clients on the capped device: checked while pgbench runs,
     // when the 1 m window holds only this load.
-    let child = pgbench(pg, &["-n", "-c", "4", "-j", "2", "-T", "75"]);
+    let child = pgbench(pg, &["-n", "-c", "4", "-j", "2", "-T", "90"]);
     std::thread::sleep(Duration::from_secs(64));
     let (share, firing) = report("pgbench -c 4, WAL capped at 100 write IOPS");
+
+    // The same load with track_wal_io_timing turned off (a reload): the
+    // sync seconds go away, and the estimate takes over.
+    pg.psql("ALTER SYSTEM SET track_wal_io_timing = off");
+    pg.psql("SELECT pg_reload_conf()");
+    ex.wait_for("WAL timing off", Duration::from_secs(20), |m| {
+        !m.contains("pgstorage_pg_wal_sync_seconds_total{cluster=\"c\"}")
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while one("pgstorage_pg_wal_sync_seconds_total{cluster=\"c\"}").is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "sync seconds still in Prometheus"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let exact_off = one(&exact).is_some();
+    let estimate_off = one(&estimated.rsplit_once('>').unwrap().0.to_string());
+    let estimated_firing = one(&estimated).is_some();
+    eprintln!(
+        "pgbench -c 4, WAL capped, track_wal_io_timing off (t={:.0}s): \
+         PgStorageWalSyncSaturated {}; estimate {estimate_off:?} -> PgStorageWalSyncSaturatedEstimated {}",
+        t0.elapsed().as_secs_f64(),
+        if exact_off {
+            "FIRING"
+        } else {
+            "silent (no sync seconds)"
+        },
+        if estimated_firing { "FIRING" } else { "silent" },
+    );
     eprintln!(
         "pgbench -c 4 (WAL capped at 100 write IOPS): {}",
         pgbench_wait(child, pg)
@@ -751,6 +783,12 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
         firing,
         "PgStorageWalSyncSaturated's condition does not hold on a capped WAL device: \
          share {share:?}\n{exact}"
+    );
+    assert!(!exact_off, "the exact alert without sync seconds");
+    assert!(
+        estimated_firing,
+        "PgStorageWalSyncSaturatedEstimated's condition does not hold with timing off: \
+         estimate {estimate_off:?}\n{estimated}"
     );
     drop(prom);
     drop(stack);

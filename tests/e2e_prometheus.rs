@@ -762,7 +762,7 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
         std::thread::sleep(Duration::from_millis(500));
     }
     let exact_off = one(&exact).is_some();
-    let estimate_off = one(&estimated.rsplit_once('>').unwrap().0.to_string());
+    let estimate_off = one(estimated.rsplit_once('>').unwrap().0);
     let estimated_firing = one(&estimated).is_some();
     eprintln!(
         "pgbench -c 4, WAL capped, track_wal_io_timing off (t={:.0}s): \

@@ -19,10 +19,15 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
+use tower_http::CompressionLevel;
+use tower_http::compression::CompressionLayer;
 
 use crate::exposition::{Format, Metrics};
 use crate::probe::set::VolumeSet;
 use crate::types::{Op, Phase};
+
+/// gzip level for scrape responses.
+pub const COMPRESSION: CompressionLevel = CompressionLevel::Default;
 
 #[derive(Debug)]
 pub struct AppState {
@@ -84,7 +89,15 @@ impl Renders {
 pub fn router(state: Arc<AppState>) -> Router {
     let path = state.telemetry_path.clone();
     Router::new()
-        .route(&path, get(metrics))
+        // gzip when the scraper asks for it (Prometheus always does), as
+        // client_golang's handler does; identity otherwise. Each response
+        // is compressed on its own: the coalesced render is shared, its
+        // compression is not (a few ms of CPU per scrape for a 0.5 MB body,
+        // see BENCHMARKS.md).
+        .route(
+            &path,
+            get(metrics).layer(CompressionLayer::new().gzip(true).quality(COMPRESSION)),
+        )
         .route("/healthz", get(healthz))
         .route("/", get(landing))
         .with_state(state)

@@ -30,12 +30,18 @@ pub const DEFAULT_PORT: u16 = 9847;
 )]
 pub struct Cli {
     /// Address to listen on for HTTP (metrics, /healthz, landing page).
+    /// Repeatable: the exporter listens on every address given.
     #[arg(
         long = "web.listen-address",
         default_value = ":9847",
         value_name = "[HOST]:PORT"
     )]
-    pub listen_address: String,
+    pub listen_address: Vec<String>,
+
+    /// Serve on the sockets systemd passes (socket activation: LISTEN_FDS,
+    /// LISTEN_PID) instead of listening on --web.listen-address.
+    #[arg(long = "web.systemd-socket", conflicts_with = "listen_address")]
+    pub systemd_socket: bool,
 
     /// Path under which metrics are exposed.
     #[arg(
@@ -315,6 +321,27 @@ mod tests {
         };
         assert_eq!(a.duration, Duration::from_secs(2));
         assert_eq!(a.format, OutputFormat::Json);
+        let c = Cli::try_parse_from(["x"]).unwrap();
+        assert_eq!(c.listen_address, [":9847"]);
+        assert!(!c.systemd_socket);
+        let c = Cli::try_parse_from([
+            "x",
+            "--web.listen-address",
+            "127.0.0.1:1",
+            "--web.listen-address=[::1]:2",
+        ])
+        .unwrap();
+        assert_eq!(c.listen_address, ["127.0.0.1:1", "[::1]:2"]);
+        assert!(
+            Cli::try_parse_from(["x", "--web.systemd-socket"])
+                .unwrap()
+                .systemd_socket
+        );
+        // Both at once is a mistake worth saying, not a silent choice.
+        assert!(
+            Cli::try_parse_from(["x", "--web.systemd-socket", "--web.listen-address", ":1"])
+                .is_err()
+        );
         let e = Cli::try_parse_from(["x", "--probe.interval", "5"])
             .unwrap_err()
             .to_string();

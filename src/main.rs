@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use pg_storage_exporter::app::daemon::{self, WebOptions};
+use pg_storage_exporter::app::daemon::{self, Listen, WebOptions};
 use pg_storage_exporter::check::{self, CheckOptions};
 use pg_storage_exporter::cli::{Cli, Command, OutputFormat, parse_listen};
 use pg_storage_exporter::config::{self, FlagOverrides};
@@ -101,8 +101,13 @@ fn run_daemon(cli: Cli) -> ExitCode {
         eprintln!("pg-storage-exporter: invalid configuration: {problem}");
         return ExitCode::from(2);
     }
-    let listen = match parse_listen(&cli.listen_address) {
-        Ok(a) => a,
+    let listen = match cli
+        .listen_address
+        .iter()
+        .map(|a| parse_listen(a))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(a) => Listen::Addresses(a),
         Err(e) => {
             eprintln!("pg-storage-exporter: {e}");
             return ExitCode::from(2);
@@ -129,6 +134,19 @@ fn run_daemon(cli: Cli) -> ExitCode {
             }
         },
         None => WebSecurity::default(),
+    };
+    // Taken while the process has one thread: taking them clears
+    // LISTEN_FDS and LISTEN_PID from the environment.
+    let listen = if cli.systemd_socket {
+        match daemon::systemd_listeners() {
+            Ok(l) => Listen::Inherited(l),
+            Err(e) => {
+                eprintln!("pg-storage-exporter: {e:#}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        listen
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

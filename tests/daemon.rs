@@ -259,33 +259,152 @@ fn second_exporter_on_the_same_probe_dir_is_refused_and_counted() {
 }
 
 #[test]
-fn promtool_accepts_a_real_scrape() {
+fn promtool_accepts_a_real_scrape_plain_and_gzipped() {
     let dir = tempfile::tempdir().unwrap();
     let ex = start_fast(dir.path(), &[]);
     let body = ex.wait_for("probes of every op", Duration::from_secs(30), |m| {
         count(m, "t", "commit") >= 2.0 && count(m, "t", "read") >= 2.0
     });
-    let out = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(body.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect(
-            "promtool not found: install the Debian package `prometheus` (./scripts/test does)",
-        );
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    promtool_check_metrics(&body);
+
+    // Prometheus always sends this header: the answer is gzip, and what it
+    // decompresses to passes promtool as well.
+    let (status, headers, gz) =
+        http_get_bytes(ex.addr, "/metrics", &[("Accept-Encoding", "gzip, deflate")]);
+    assert_eq!(status, 200);
+    assert_eq!(
+        header(&headers, "content-encoding"),
+        Some("gzip"),
+        "{headers:?}"
     );
-    assert!(out.status.success(), "promtool: {text}\n{body}");
-    assert!(text.trim().is_empty(), "promtool warnings: {text}");
+    assert!(
+        header(&headers, "content-type")
+            .is_some_and(|c| c.starts_with("text/plain; version=0.0.4")),
+        "{headers:?}"
+    );
+    let mut plain = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut plain).unwrap();
+    eprintln!(
+        "/metrics: {} bytes gzipped, {} bytes decompressed ({:.1}x)",
+        gz.len(),
+        plain.len(),
+        plain.len() as f64 / gz.len() as f64
+    );
+    assert!(plain.contains("pgstorage_build_info"), "{plain}");
+    assert!(
+        gz.len() * 3 < plain.len(),
+        "{} vs {}",
+        gz.len(),
+        plain.len()
+    );
+    promtool_check_metrics(&plain);
+
+    // Without the header, or with only identity, the body is plain.
+    for asked in [None, Some("identity")] {
+        let hs: Vec<(&str, &str)> = asked.map(|a| ("Accept-Encoding", a)).into_iter().collect();
+        let (status, headers, body) = http_get_bytes(ex.addr, "/metrics", &hs);
+        assert_eq!(status, 200);
+        assert_eq!(
+            header(&headers, "content-encoding"),
+            None,
+            "{asked:?}: {headers:?}"
+        );
+        assert!(
+            String::from_utf8(body)
+                .unwrap()
+                .contains("pgstorage_build_info")
+        );
+    }
+}
+
+/// Socket activation as systemd does it, by systemd's own tool:
+/// `systemd-socket-activate` binds the port, waits for the first
+/// connection, then execs the exporter with the socket as fd 3.
+#[test]
+fn systemd_socket_activation_serves_the_passed_socket() {
+    let tool = "systemd-socket-activate";
+    let found = std::process::Command::new(tool).arg("--version").output();
+    assert!(
+        found.is_ok(),
+        "{tool} not found: install the Debian package `systemd` (./scripts/test does)"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut cmd = std::process::Command::new(tool);
+    cmd.args(["-l", &addr.to_string(), BIN, "--web.systemd-socket"])
+        .args(fast_probe_args(&format!("t={}", dir.path().display())));
+    // The first connection is what makes the tool start the exporter.
+    let knock = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if std::net::TcpStream::connect(addr).is_ok() {
+                return http_get(addr, "/healthz", None);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{tool} never listened"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let ex = Exporter::spawn(cmd);
+    assert_eq!(ex.addr, addr, "{}", ex.log());
+    let (status, _, body) = knock.join().unwrap();
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    ex.wait_for("a commit probe", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 1.0
+    });
+    let log = ex.log();
+    let line = log.lines().find(|l| l.contains("address=")).unwrap();
+    assert!(line.contains("systemd_socket=true"), "{line}");
+}
+
+#[test]
+fn systemd_socket_without_a_socket_is_refused() {
+    let out = std::process::Command::new(BIN)
+        .arg("--web.systemd-socket")
+        .env_remove("LISTEN_FDS")
+        .env_remove("LISTEN_PID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no socket activation file descriptors found"),
+        "{err}"
+    );
+}
+
+#[test]
+fn listens_on_every_listen_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let np = format!("t={}", dir.path().display());
+    let mut args: Vec<String> = vec![
+        "--web.listen-address".into(),
+        "127.0.0.1:0".into(),
+        "--web.listen-address".into(),
+        "127.0.0.2:0".into(),
+    ];
+    args.extend(fast_probe_args(&np));
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ex = Exporter::start_raw(&refs, &[]);
+    let log = ex.wait_log("address=127.0.0.2:", Duration::from_secs(10));
+    let addrs: Vec<std::net::SocketAddr> = log
+        .lines()
+        .filter(|l| l.contains("msg=listening"))
+        .filter_map(|l| l.split("address=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(addrs.len(), 2, "{log}");
+    for a in addrs {
+        let (status, _, body) = http_get(a, "/metrics", None);
+        assert_eq!(status, 200, "{a}");
+        assert!(body.contains("pgstorage_build_info"), "{a}");
+    }
 }
 
 #[test]

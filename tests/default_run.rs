@@ -29,12 +29,9 @@ fn no_flags_probes_var_tmp_on_the_default_port() {
     );
     assert!(probe_dir.join("wal.probe").exists());
     let log = ex.log();
+    assert!(log.contains("msg=listening address=0.0.0.0:9847"), "{log}");
     assert!(
-        log.contains("message=listening address=0.0.0.0:9847"),
-        "{log}"
-    );
-    assert!(
-        log.contains("message=probing volume=default probe_dir=/var/tmp/pg-storage-exporter-probe"),
+        log.contains("msg=probing volume=default probe_dir=/var/tmp/pg-storage-exporter-probe"),
         "{log}"
     );
     ex.signal(libc::SIGTERM);

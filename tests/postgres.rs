@@ -153,7 +153,7 @@ fn counters_track_postgres(kind: PgKind) {
         "application_name is set"
     );
     let log = ex.log();
-    for bad in ["level=error", "level=warn"] {
+    for bad in ["level=ERROR", "level=WARN"] {
         assert!(
             !log.contains(bad),
             "PostgreSQL {}: {bad} in log:\n{log}",
@@ -650,7 +650,7 @@ fn survives_sigkill_of_the_postmaster() {
     // failed reconnect attempt; an info line when it is back.
     let warns: Vec<&str> = log
         .lines()
-        .filter(|l| l.contains("level=warn") && l.contains("cluster=c"))
+        .filter(|l| l.contains("level=WARN") && l.contains("cluster=c"))
         .collect();
     eprintln!("warnings: {warns:#?}");
     assert!(!warns.is_empty() && warns.len() <= 2, "{warns:#?}");

@@ -78,10 +78,12 @@ fn pg_sleep_seconds(m: &str, cluster: &str) -> f64 {
     .sum()
 }
 
-/// Log lines of this level holding every needle.
+/// Log lines of this level (`warn`, printed `level=WARN` as slog does)
+/// holding every needle.
 fn log_lines(log: &str, level: &str, needles: &[&str]) -> Vec<String> {
+    let level = format!("level={}", level.to_ascii_uppercase());
     log.lines()
-        .filter(|l| l.contains(&format!("level={level}")) && needles.iter().all(|n| l.contains(n)))
+        .filter(|l| l.contains(&level) && needles.iter().all(|n| l.contains(n)))
         .map(str::to_string)
         .collect()
 }

@@ -152,7 +152,7 @@ fn sighup_applies_a_valid_configuration_and_keeps_the_old_one_on_error() {
         2,
         "{log}"
     );
-    assert!(!log.contains("level=warn"), "{log}");
+    assert!(!log.contains("level=WARN"), "{log}");
 }
 
 fn window_samples(m: &str, volume: &str) -> f64 {

@@ -698,3 +698,101 @@ fn sighup_rotates_the_certificate_and_the_users() {
         assert!(!log.contains(secret), "a password in the log");
     }
 }
+
+/// TLS and basic auth hold on every socket: each of two
+/// `--web.listen-address`es, and a socket passed by systemd
+/// (`systemd-socket-activate`, which execs the exporter on the first
+/// connection).
+#[test]
+fn tls_and_basic_auth_on_every_listen_address_and_on_a_systemd_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = make_cert(dir.path(), "server");
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  alice: {}\n",
+            cert.display(),
+            key.display(),
+            hash(PASSWORD)
+        ),
+    )
+    .unwrap();
+    let tls = client_config(&cert, rustls::DEFAULT_VERSIONS);
+    let good = Some(("alice", PASSWORD));
+    let check = |addr: SocketAddr| {
+        let r = tls_get(addr, &tls, "/metrics", good).unwrap();
+        assert_eq!(r.status, 200, "{addr}: {r:?}");
+        assert!(r.body.contains("pgstorage_build_info"), "{addr}");
+        let r = tls_get(addr, &tls, "/metrics", None).unwrap();
+        assert_eq!(r.status, 401, "{addr}: {r:?}");
+        assert!(plain_get(addr, "/metrics", good).map_or(true, |r| r.status != 200));
+    };
+    let probe = dir.path().join("probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    let mut common_args = fast_probe_args(&format!("t={}", probe.display()));
+    common_args.extend(["--web.config.file".to_string(), web.display().to_string()]);
+
+    let mut args: Vec<String> = [
+        "--web.listen-address",
+        "127.0.0.1:0",
+        "--web.listen-address",
+        "127.0.0.2:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(common_args.iter().cloned());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ex = Exporter::start_raw(&refs, &[]);
+    let log = ex.wait_log("address=127.0.0.2:", Duration::from_secs(10));
+    let addrs: Vec<SocketAddr> = log
+        .lines()
+        .filter(|l| l.contains("msg=listening"))
+        .filter_map(|l| l.split("address=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(addrs.len(), 2, "{log}");
+    for a in addrs {
+        check(a);
+    }
+    let log = stop(ex);
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("msg=listening"))
+            .all(|l| l.contains("tls=true") && l.contains("basic_auth=true")),
+        "{log}"
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut cmd = Command::new("systemd-socket-activate");
+    cmd.args(["-l", &addr.to_string(), BIN, "--web.systemd-socket"])
+        .args(&common_args);
+    let knock = {
+        let tls = tls.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while TcpStream::connect(addr).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "systemd-socket-activate never listened"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            tls_get(addr, &tls, "/healthz", Some(("alice", PASSWORD))).map(|r| r.status)
+        })
+    };
+    let ex = Exporter::spawn(cmd);
+    assert_eq!(ex.addr, addr, "{}", ex.log());
+    assert_eq!(knock.join().unwrap().unwrap(), 200);
+    check(addr);
+    let log = stop(ex);
+    let line = log.lines().find(|l| l.contains("msg=listening")).unwrap();
+    assert!(
+        line.contains("systemd_socket=true") && line.contains("tls=true"),
+        "{line}"
+    );
+}

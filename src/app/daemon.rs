@@ -19,9 +19,51 @@ use crate::http::tls::TlsListener;
 use crate::http::web_config::WebSecurity;
 use crate::http::{AppState, router, with_basic_auth};
 
-#[derive(Debug, Clone)]
+/// Where HTTP is served.
+#[derive(Debug)]
+pub enum Listen {
+    /// `--web.listen-address`, each bound in [`run`].
+    Addresses(Vec<SocketAddr>),
+    /// `--web.systemd-socket`: sockets bound by systemd, from
+    /// [`systemd_listeners`].
+    Inherited(Vec<std::net::TcpListener>),
+}
+
+/// The sockets systemd passed by socket activation (`LISTEN_FDS` from fd 3
+/// on, for the process `LISTEN_PID` names), as exporter-toolkit's
+/// `--web.systemd-socket` takes them. Call it while the process has a single
+/// thread: it removes those variables from the environment, as systemd's
+/// `sd_listen_fds(1)` does. listenfd checks each descriptor is a TCP socket
+/// before taking it (a crate rather than `from_raw_fd`: that check and the
+/// ownership transfer are its whole job, and its unsafe code is not ours).
+pub fn systemd_listeners() -> anyhow::Result<Vec<std::net::TcpListener>> {
+    let mut fds = listenfd::ListenFd::from_env();
+    if fds.len() == 0 {
+        anyhow::bail!(
+            "--web.systemd-socket: no socket activation file descriptors found \
+             (LISTEN_FDS and LISTEN_PID are not set for this process)"
+        );
+    }
+    let mut out = Vec::with_capacity(fds.len());
+    for i in 0..fds.len() {
+        match fds.take_tcp_listener(i) {
+            Ok(Some(l)) => out.push(l),
+            Ok(None) => {}
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "--web.systemd-socket: socket {} (fd {})",
+                    i + 1,
+                    i + 3
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Debug)]
 pub struct WebOptions {
-    pub listen: SocketAddr,
+    pub listen: Listen,
     pub telemetry_path: String,
     /// From `--web.config.file`; the default is plain HTTP without auth.
     pub security: WebSecurity,
@@ -48,22 +90,50 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         limits.clone(),
     ));
 
-    let listener = tokio::net::TcpListener::bind(web.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", web.listen))?;
-    let local = listener.local_addr().context("reading the bound address")?;
-    // Whether the endpoint is protected, stated once; never which users or
-    // anything about their passwords.
-    tracing::info!(
-        address = %local,
-        telemetry_path = %web.telemetry_path,
-        version = env!("CARGO_PKG_VERSION"),
-        tls = web.security.tls.is_some(),
-        tls_min_version = web.security.tls_min_version.map(|v| v.as_str()),
-        basic_auth = web.security.basic_auth.is_some(),
-        basic_auth_users = web.security.basic_auth.as_ref().map(|a| a.users()),
-        "listening"
-    );
+    // Every socket is bound (or taken over) before anything starts, so a
+    // port in use stops the start with nothing to clean up.
+    let systemd = matches!(web.listen, Listen::Inherited(_));
+    let mut listeners = Vec::new();
+    match web.listen {
+        Listen::Addresses(addrs) => {
+            for addr in addrs {
+                let l = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?;
+                listeners.push(l);
+            }
+        }
+        Listen::Inherited(socks) => {
+            for sock in socks {
+                sock.set_nonblocking(true)
+                    .context("--web.systemd-socket: making the socket non-blocking")?;
+                listeners.push(
+                    tokio::net::TcpListener::from_std(sock)
+                        .context("--web.systemd-socket: registering the socket")?,
+                );
+            }
+        }
+    }
+    let mut bound = Vec::with_capacity(listeners.len());
+    for l in listeners {
+        let local = l.local_addr().context("reading the bound address")?;
+        bound.push((l, local));
+    }
+    // One line per socket, as exporter-toolkit logs; whether the endpoint
+    // is protected, never which users or anything about their passwords.
+    for (_, local) in &bound {
+        tracing::info!(
+            address = %local,
+            systemd_socket = systemd.then_some(true),
+            telemetry_path = %web.telemetry_path,
+            version = env!("CARGO_PKG_VERSION"),
+            tls = web.security.tls.is_some(),
+            tls_min_version = web.security.tls_min_version.map(|v| v.as_str()),
+            basic_auth = web.security.basic_auth.is_some(),
+            basic_auth_users = web.security.basic_auth.as_ref().map(|a| a.users()),
+            "listening"
+        );
+    }
 
     let config_metrics = metrics.config();
     config_metrics.loaded();
@@ -118,21 +188,52 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
     if web.config_file.is_some() {
         app = with_basic_auth(app, auth);
     }
-    let served = match tls_rx {
-        // With TLS configured the port speaks only TLS: no plain-HTTP
-        // fallback that a misconfigured scraper could silently use.
-        Some(tls) => {
-            axum::serve(TlsListener::new(listener, local, tls), app)
-                .with_graceful_shutdown(shutdown_signal())
-                .await
-        }
-        None => {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(shutdown_signal())
-                .await
+    // One server per socket, all stopped by the same signal; should one
+    // fail, the others are stopped too.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let stopper = {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            stop_tx.send_replace(true);
+        })
+    };
+    let mut servers = tokio::task::JoinSet::new();
+    for (listener, local) in bound {
+        let app = app.clone();
+        let mut stop = stop_rx.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        match &tls_rx {
+            // With TLS configured the port speaks only TLS: no plain-HTTP
+            // fallback that a misconfigured scraper could silently use.
+            Some(tls) => {
+                let server = axum::serve(TlsListener::new(listener, local, tls.clone()), app)
+                    .with_graceful_shutdown(stopped);
+                servers.spawn(async move { server.await });
+            }
+            None => {
+                let server = axum::serve(listener, app).with_graceful_shutdown(stopped);
+                servers.spawn(async move { server.await });
+            }
         }
     }
-    .context("HTTP server failed");
+    let mut served: anyhow::Result<()> = Ok(());
+    while let Some(r) = servers.join_next().await {
+        let r = match r {
+            Ok(r) => r.context("HTTP server failed"),
+            Err(e) => Err(anyhow::Error::new(e).context("HTTP server task")),
+        };
+        if let Err(e) = r {
+            if served.is_ok() {
+                served = Err(e);
+            }
+            stop_tx.send_replace(true);
+        }
+    }
+    stopper.abort();
     watchdog.abort();
     // A reload in progress is cut short; the shutdown below stops whatever
     // probe threads it had started.

@@ -210,6 +210,76 @@ pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, Str
     (status, ctype, body.to_string())
 }
 
+/// HTTP/1.0 GET with extra request headers, the body left as bytes:
+/// (status, response headers with lower-case names, body).
+pub fn http_get_bytes(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> (u16, Vec<(String, String)>, Vec<u8>) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!("GET {path} HTTP/1.0\r\nHost: test\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("http response");
+    let head = String::from_utf8_lossy(&raw[..end]).to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("status");
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            Some((k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        })
+        .collect();
+    (status, headers, raw[end + 4..].to_vec())
+}
+
+/// The value of a response header from [`http_get_bytes`].
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Runs `promtool check metrics` on a body; panics on any complaint.
+pub fn promtool_check_metrics(body: &str) {
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(body.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect(
+            "promtool not found: install the Debian package `prometheus` (./scripts/test does)",
+        );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "promtool: {text}\n{body}");
+    assert!(text.trim().is_empty(), "promtool warnings: {text}");
+}
+
 /// Value of the first sample whose name-and-labels prefix matches, e.g.
 /// `pgstorage_probe_seconds_count{volume="t",op="commit"}`.
 pub fn sample(metrics: &str, series: &str) -> Option<f64> {

@@ -699,7 +699,7 @@ fn a_volume_on_tmpfs_is_warned_about_once_at_start_and_once_per_reload() {
     };
     let lines = warned(&ex.log());
     assert_eq!(lines.len(), 1, "{}", ex.log());
-    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("level=WARN"), "{}", lines[0]);
     assert!(lines[0].contains("volume=t"), "{}", lines[0]);
     assert!(
         lines[0].contains("tmpfs keeps files in memory: sync returns immediately"),
@@ -728,7 +728,7 @@ fn a_pg_dsn_cluster_without_discovery_or_volume_is_warned_about_once() {
         .filter(|l| l.contains("code=no_probed_volume"))
         .collect();
     assert_eq!(lines.len(), 1, "{log}");
-    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("level=WARN"), "{}", lines[0]);
     assert!(lines[0].contains("cluster=c"), "{}", lines[0]);
     assert!(
         lines[0].contains("volume discovery is off for this cluster and no volume is configured"),

@@ -681,7 +681,7 @@ fn track_wal_io_timing_off_is_warned_about_once() {
         .filter(|l| l.contains("code=track_wal_io_timing_off"))
         .collect();
     assert_eq!(lines.len(), 1, "{log}");
-    assert!(lines[0].contains("level=warn"), "{}", lines[0]);
+    assert!(lines[0].contains("level=WARN"), "{}", lines[0]);
     assert!(lines[0].contains("cluster=c"), "{}", lines[0]);
     assert!(
         lines[0].contains("WAL write and sync seconds are absent"),

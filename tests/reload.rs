@@ -267,7 +267,7 @@ fn sighup_keeps_the_window_when_only_limits_change() {
 
     ex.signal(libc::SIGTERM);
     assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
-    assert!(!ex.log().contains("level=warn"), "{}", ex.log());
+    assert!(!ex.log().contains("level=WARN"), "{}", ex.log());
 }
 
 /// A cluster added by a reload is watched and its filesystem discovered; a

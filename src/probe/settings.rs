@@ -19,7 +19,9 @@ pub const PROBE_DIR_NAME: &str = "pg-storage-exporter-probe";
 /// Where `check` probes when given no probe directory: its own name, so a
 /// `check` never touches a running exporter's files.
 pub const CHECK_DIR_NAME: &str = "pg-storage-exporter-check";
-/// Samples one window may hold per op; bounds memory at ~1.6 MiB per op.
+/// Samples one window may hold per op; bounds memory at about 2.4-3.2 MB
+/// per (op, phase) window (24-32 bytes a sample: its time in arrival order
+/// and its value in the sorted copy the quantiles are read from).
 pub const MAX_WINDOW_SAMPLES: u64 = 100_000;
 /// Commit probes in one burst. The first half warms the device path up and
 /// is not recorded: on the build machine a burst's commits after a 1 s

@@ -137,6 +137,30 @@ pub struct Cli {
 pub enum Command {
     /// Probe one directory for a while and print a verdict.
     Check(CheckArgs),
+    /// Write the manual page (roff) to stdout, generated from these very
+    /// flag definitions so it cannot drift from `--help`; packages install
+    /// it as pg-storage-exporter(1).
+    #[command(hide = true)]
+    Man,
+}
+
+/// The manual page of the command line, with `check` as a subcommand
+/// section, in roff.
+pub fn man_page() -> std::io::Result<Vec<u8>> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let mut out = Vec::new();
+    let man = clap_mangen::Man::new(cmd.clone());
+    man.render(&mut out)?;
+    // clap_mangen renders one command per page; the check subcommand's
+    // options go in a section of the same page, where users look for them.
+    if let Some(check) = cmd.find_subcommand("check") {
+        out.extend_from_slice(b".SH \"CHECK SUBCOMMAND\"\n");
+        let sub = clap_mangen::Man::new(check.clone());
+        sub.render_description_section(&mut out)?;
+        sub.render_options_section(&mut out)?;
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Args)]

@@ -63,6 +63,18 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
+        Some(Command::Man) => {
+            use std::io::Write;
+            match pg_storage_exporter::cli::man_page()
+                .and_then(|page| std::io::stdout().write_all(&page))
+            {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("pg-storage-exporter man: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         None => run_daemon(cli),
     }
 }

@@ -565,3 +565,44 @@ fn documented_source_paths_exist() {
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+/// The README's table of contents lists every `##`/`###` section, in
+/// order, so a new section cannot be left out of it.
+#[test]
+fn readme_contents_lists_every_section() {
+    let text =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let mut headings = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        for prefix in ["## ", "### "] {
+            if let Some(t) = line.strip_prefix(prefix)
+                && t != "Contents"
+            {
+                headings.push(t.to_string());
+            }
+        }
+    }
+    let start = text
+        .find("## Contents")
+        .expect("README has a Contents section");
+    let toc = &text[start
+        ..text[start..]
+            .find("\n## Quick start")
+            .map_or(text.len(), |e| start + e)];
+    let listed: Vec<String> = toc
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start().strip_prefix("- [")?;
+            Some(l[..l.find("](")?].to_string())
+        })
+        .collect();
+    assert_eq!(listed, headings, "README Contents vs its sections");
+}

@@ -33,21 +33,6 @@ pub fn gauge<L: EncodeLabelSet>(
     Ok(())
 }
 
-/// A gauge family that is left out entirely when it has no rows, for
-/// families that only exist under a condition (a feature on, a limit set).
-pub fn gauge_if_any<L: EncodeLabelSet>(
-    enc: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    rows: impl IntoIterator<Item = (L, f64)>,
-) -> fmt::Result {
-    let mut rows = rows.into_iter().peekable();
-    if rows.peek().is_none() {
-        return Ok(());
-    }
-    gauge(enc, name, help, rows)
-}
-
 /// A counter family. `base` is the name without `_total`: prometheus-client
 /// adds it to samples (and, in the Prometheus text format, to the family).
 pub fn counter<L: EncodeLabelSet>(
@@ -61,20 +46,6 @@ pub fn counter<L: EncodeLabelSet>(
         ConstCounter::new(v).encode(m.encode_family(&labels)?)?;
     }
     Ok(())
-}
-
-/// [`counter`], left out when it has no rows.
-pub fn counter_if_any<L: EncodeLabelSet>(
-    enc: &mut DescriptorEncoder<'_>,
-    base: &str,
-    help: &str,
-    rows: impl IntoIterator<Item = (L, f64)>,
-) -> fmt::Result {
-    let mut rows = rows.into_iter().peekable();
-    if rows.peek().is_none() {
-        return Ok(());
-    }
-    counter(enc, base, help, rows)
 }
 
 /// A histogram family from cumulative-by-encoder buckets: each row is
@@ -114,12 +85,6 @@ mod tests {
                 [([("volume", "a\"b")], 0.5)],
             )?;
             counter(&mut enc, "x_errors", "a counter", [([("op", "read")], 3.0)])?;
-            gauge_if_any(
-                &mut enc,
-                "x_absent",
-                "none",
-                Vec::<([(&str, &str); 0], f64)>::new(),
-            )?;
             histogram(
                 &mut enc,
                 "x_seconds",
@@ -146,7 +111,6 @@ mod tests {
         );
         assert!(prom.contains("# TYPE x_errors_total counter\n"), "{prom}");
         assert!(prom.contains("x_errors_total{op=\"read\"} 3"), "{prom}");
-        assert!(!prom.contains("x_absent"), "{prom}");
         assert!(
             prom.contains("x_seconds_bucket{op=\"read\",le=\"1\"} 3"),
             "{prom}"

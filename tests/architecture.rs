@@ -192,58 +192,36 @@ fn code_only(text: &str) -> String {
     out
 }
 
-/// Top-level modules a file uses through `crate::` paths, with the line.
+/// Top-level modules a file uses through `crate::` paths, with the line
+/// the path starts on (a `use crate::{...}` group may span several lines).
 fn uses(text: &str) -> Vec<(String, usize)> {
+    fn ident(s: &str) -> String {
+        s.trim()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    }
     let code = code_only(text);
     let mut out = Vec::new();
-    for (n, line) in code.lines().enumerate() {
-        let mut rest = line;
-        while let Some(i) = rest.find("crate::") {
-            let after = &rest[i + "crate::".len()..];
-            if let Some(group) = after.strip_prefix('{') {
-                let inner = &group[..group.find('}').unwrap_or(group.len())];
-                for part in inner.split(',') {
-                    let name: String = part
-                        .trim()
-                        .chars()
-                        .take_while(|c| c.is_alphanumeric() || *c == '_')
-                        .collect();
-                    if !name.is_empty() && name != "self" {
-                        out.push((name, n + 1));
-                    }
-                }
-            } else {
-                let name: String = after
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() {
-                    out.push((name, n + 1));
-                }
-            }
-            rest = after;
-        }
-    }
-    // `use crate::{...}` spanning several lines.
-    let mut rest = code.as_str();
-    while let Some(i) = rest.find("crate::{") {
-        let after = &rest[i + "crate::{".len()..];
-        let inner = &after[..after.find('}').unwrap_or(after.len())];
-        if inner.contains('\n') {
-            let line = code.len() - rest.len() + i;
-            let line = code[..line].matches('\n').count() + 1;
-            for part in inner.split(',') {
-                let name: String = part
-                    .trim()
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != "self" {
-                    out.push((name, line));
-                }
-            }
-        }
-        rest = after;
+    let (mut line, mut counted) = (1, 0);
+    for (i, _) in code.match_indices("crate::") {
+        line += code[counted..i].matches('\n').count();
+        counted = i;
+        let after = &code[i + "crate::".len()..];
+        let names: Vec<String> = match after.strip_prefix('{') {
+            Some(group) => group[..group.find('}').unwrap_or(group.len())]
+                .split(',')
+                .map(ident)
+                .filter(|n| n != "self")
+                .collect(),
+            None => vec![ident(after)],
+        };
+        out.extend(
+            names
+                .into_iter()
+                .filter(|n| !n.is_empty())
+                .map(|n| (n, line)),
+        );
     }
     out
 }

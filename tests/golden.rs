@@ -16,8 +16,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::time::Duration;
 
 use common::pg::{PgKind, PgServer};
@@ -56,21 +54,6 @@ const VOLATILE: &[&str] = &[
     "object",
     "context",
 ];
-
-fn disk_of(p: &Path) -> String {
-    let dev = std::fs::metadata(p).unwrap().dev();
-    let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{mm}")).unwrap();
-    let disk = if dir.join("partition").exists() {
-        dir.parent().unwrap().to_path_buf()
-    } else {
-        dir
-    };
-    std::fs::read_to_string(disk.join("dev"))
-        .unwrap()
-        .trim()
-        .to_string()
-}
 
 /// `name{k="v",...} value` → `name{k="v",...}` with volatile values as `*`.
 fn normalize(line: &str) -> Option<String> {

@@ -7,27 +7,9 @@
 
 mod common;
 
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::time::Duration;
 
 use common::*;
-
-/// MAJ:MIN of the whole disk under `p`, the way the exporter resolves it.
-fn disk_of(p: &Path) -> String {
-    let dev = std::fs::metadata(p).unwrap().dev();
-    let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{mm}")).unwrap();
-    let disk = if dir.join("partition").exists() {
-        dir.parent().unwrap().to_path_buf()
-    } else {
-        dir
-    };
-    std::fs::read_to_string(disk.join("dev"))
-        .unwrap()
-        .trim()
-        .to_string()
-}
 
 #[test]
 fn configured_cgroup_and_provisioned_limits() {

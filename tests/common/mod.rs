@@ -320,6 +320,24 @@ pub fn count(metrics: &str, volume: &str, op: &str) -> f64 {
         .sum()
 }
 
+/// MAJ:MIN of the whole disk under `p`, the way the exporter resolves it
+/// (a partition maps to its parent disk).
+pub fn disk_of(p: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(p).unwrap().dev();
+    let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    let dir = std::fs::canonicalize(format!("/sys/dev/block/{mm}")).unwrap();
+    let disk = if dir.join("partition").exists() {
+        dir.parent().unwrap().to_path_buf()
+    } else {
+        dir
+    };
+    std::fs::read_to_string(disk.join("dev"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
 pub fn dir_entries(p: &Path) -> Vec<String> {
     match std::fs::read_dir(p) {
         Ok(rd) => {

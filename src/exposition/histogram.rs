@@ -21,7 +21,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use super::Format;
-use super::summary::escape;
+use super::summary::{escape, push_float};
 use crate::model::buckets::probe_buckets;
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Op, Phase};
@@ -110,15 +110,6 @@ fn rendered(format: Format) -> &'static Rendered {
     })
 }
 
-fn float(out: &mut String, v: f64) {
-    if v.is_finite() {
-        out.push_str(dtoa::Buffer::new().format_finite(v));
-    } else {
-        // A sum of latencies is finite; this keeps the line valid anyway.
-        out.push_str("NaN");
-    }
-}
-
 /// Appends the family for every volume's histograms.
 pub fn encode(out: &mut String, format: Format, volumes: &[(Arc<VolumeState>, Snapshot)]) {
     let names: Vec<String> = volumes.iter().map(|(v, _)| escape(&v.name)).collect();
@@ -157,11 +148,12 @@ fn write_rows<'a>(out: &mut String, format: Format, rows: impl IntoIterator<Item
     let mut labels = String::new();
     let mut num = itoa::Buffer::new();
     let mut sum = String::new();
+    let mut floats = dtoa::Buffer::new();
     for (vol, op, phase, s, count, buckets) in rows {
         labels.clear();
         let _ = write!(labels, "volume=\"{vol}\",op=\"{op}\",phase=\"{phase}\"");
         sum.clear();
-        float(&mut sum, s);
+        push_float(&mut sum, &mut floats, s);
         let line = |out: &mut String, what: &str, value: &str| {
             out.push_str(NAME);
             out.push_str(what);

@@ -27,7 +27,8 @@ pub fn escape(v: &str) -> String {
     out
 }
 
-fn push_float(out: &mut String, buf: &mut dtoa::Buffer, v: f64) {
+/// A sample value as prometheus-client writes one (dtoa, shortest form).
+pub(super) fn push_float(out: &mut String, buf: &mut dtoa::Buffer, v: f64) {
     if v.is_finite() {
         out.push_str(buf.format_finite(v));
     } else {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::types::{EngineChoice, SyncMethod};
+use crate::types::{COLLECTORS, Collectors, EngineChoice, SyncMethod};
 use crate::units::{parse_bytes, parse_duration};
 
 /// Default port. Not node_exporter's 9100, postgres_exporter's 9187 or any
@@ -129,8 +129,87 @@ pub struct Cli {
     #[arg(long = "no-pg.discover-volumes")]
     pub no_pg_discovery: bool,
 
+    /// Which collectors are on: filled by [`parse`] from the
+    /// `--collector.NAME` / `--no-collector.NAME` flags that [`command`]
+    /// adds, one pair per entry of [`COLLECTORS`].
+    #[arg(skip)]
+    pub collectors: Collectors,
+
     #[command(subcommand)]
     pub command: Option<Command>,
+}
+
+/// The flag ids of a collector: (`collector.NAME`, `no-collector.NAME`).
+/// Leaked once per process: clap wants `'static` ids and there are seven.
+fn collector_ids() -> &'static [(&'static str, &'static str)] {
+    static IDS: std::sync::OnceLock<Vec<(&'static str, &'static str)>> =
+        std::sync::OnceLock::new();
+    IDS.get_or_init(|| {
+        COLLECTORS
+            .iter()
+            .map(|(_, name, _, _)| {
+                let on: &'static str = Box::leak(format!("collector.{name}").into_boxed_str());
+                let off: &'static str = Box::leak(format!("no-collector.{name}").into_boxed_str());
+                (on, off)
+            })
+            .collect()
+    })
+}
+
+/// The whole command line: the derived [`Cli`] plus a
+/// `--collector.NAME` / `--no-collector.NAME` pair per collector, generated
+/// from [`COLLECTORS`] so the table, `--help` and the man page cannot
+/// disagree. The last of a pair on the command line wins, as in
+/// node_exporter.
+pub fn command() -> clap::Command {
+    use clap::{Arg, ArgAction, CommandFactory};
+    let mut cmd = Cli::command();
+    for ((_, name, default, help), (on, off)) in COLLECTORS.iter().zip(collector_ids()) {
+        let state = if *default { "on" } else { "off" };
+        cmd = cmd
+            .arg(
+                Arg::new(*on)
+                    .long(*on)
+                    .action(ArgAction::SetTrue)
+                    .overrides_with(*off)
+                    .help_heading("Collectors")
+                    .help(format!("Turn on {name}: {help} [default: {state}]")),
+            )
+            .arg(
+                Arg::new(*off)
+                    .long(*off)
+                    .action(ArgAction::SetTrue)
+                    .overrides_with(*on)
+                    .help_heading("Collectors")
+                    .help(format!("Turn off {name}")),
+            );
+    }
+    cmd
+}
+
+/// Parses `args` (the program name first) with [`command`].
+pub fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    use clap::FromArgMatches;
+    let matches = command().try_get_matches_from(args)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    for ((c, _, _, _), (on, off)) in COLLECTORS.iter().zip(collector_ids()) {
+        if matches.get_flag(on) {
+            cli.collectors.set(*c, true);
+        } else if matches.get_flag(off) {
+            cli.collectors.set(*c, false);
+        }
+    }
+    Ok(cli)
+}
+
+/// Parses the process's command line; prints help, version or the error
+/// and exits as clap does.
+pub fn parse() -> Cli {
+    try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
 }
 
 #[derive(Debug, Subcommand)]
@@ -147,8 +226,7 @@ pub enum Command {
 /// The manual page of the command line, with `check` as a subcommand
 /// section, in roff.
 pub fn man_page() -> std::io::Result<Vec<u8>> {
-    use clap::CommandFactory;
-    let cmd = Cli::command();
+    let cmd = command();
     let mut out = Vec::new();
     let man = clap_mangen::Man::new(cmd.clone());
     man.render(&mut out)?;
@@ -370,5 +448,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("a unit is required"), "{e}");
+    }
+
+    #[test]
+    fn collector_flags() {
+        use crate::types::Collector;
+        let c = try_parse_from(["x"]).unwrap();
+        assert_eq!(c.collectors, Collectors::default());
+        let c = try_parse_from([
+            "x",
+            "--collector.probes.split",
+            "--no-collector.postgres.io",
+            "--no-collector.limits",
+            "--collector.limits",
+        ])
+        .unwrap();
+        assert!(c.collectors.on(Collector::ProbesSplit));
+        assert!(!c.collectors.on(Collector::PostgresIo));
+        // The last of a pair wins.
+        assert!(c.collectors.on(Collector::Limits));
+        let e = try_parse_from(["x", "--collector.nonesuch"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--collector.nonesuch"), "{e}");
+        let help = command().render_long_help().to_string();
+        assert!(help.contains("--no-collector.postgres.io"), "{help}");
+        assert!(help.contains("[default: off]"), "{help}");
     }
 }

@@ -5,7 +5,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 
 use pg_storage_exporter::app::daemon::{self, Listen, WebOptions};
 use pg_storage_exporter::check::{self, CheckOptions};
@@ -15,7 +14,7 @@ use pg_storage_exporter::http::web_config::{self, WebSecurity};
 use pg_storage_exporter::logging;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = pg_storage_exporter::cli::parse();
     logging::init(cli.log_level, cli.log_format);
     match cli.command {
         Some(Command::Check(ref a)) => {
@@ -100,6 +99,7 @@ fn run_daemon(cli: Cli) -> ExitCode {
         },
         pg_scrape_interval: Some(cli.pg_scrape_interval),
         pg_no_discovery: cli.no_pg_discovery,
+        collectors: cli.collectors,
     };
     // Configuration errors exit with 2 before any port is bound or file written.
     let cfg = match config::load(cli.config_file.as_deref(), &flags) {

@@ -248,3 +248,183 @@ impl fmt::Display for Resource {
         f.write_str(self.as_str())
     }
 }
+
+/// What the operator can switch on or off with `--collector.NAME` /
+/// `--no-collector.NAME`, in the style of node_exporter and
+/// postgres_exporter. The defaults keep one PostgreSQL cluster with two
+/// probed volumes under 500 series (docs/metrics.md counts them per
+/// collector): every figure the shipped dashboards and alerts use is on,
+/// detail that multiplies series is off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collector {
+    /// The probe threads: without them no volume is probed (configured,
+    /// default or discovered) and the exporter only watches PostgreSQL.
+    Probes,
+    /// `op="write"` and `op="sync"`: a commit probe split into its write
+    /// and its sync, in the latency histogram and the window summary.
+    /// Off by default: `op="commit"` is the durable step under every
+    /// sync method, and the split doubles the probe series of a WAL volume.
+    ProbesSplit,
+    /// PostgreSQL's statistics views (WAL, checkpoints, commits, IO, wait
+    /// events). Off: the connection still serves `pgstorage_pg_up`,
+    /// `pgstorage_pg_info`, the settings and volume discovery.
+    Postgres,
+    /// pg_stat_io (PostgreSQL 16+): IO by backend type, object and context.
+    PostgresIo,
+    /// pg_stat_io rows whose every counter is zero (backend types that
+    /// never ran: walsender on a primary without replicas, slotsync
+    /// workers, ...). Off by default: three quarters of the view on a
+    /// typical server, and a row appears as soon as one of its counters moves.
+    PostgresIoZeroRows,
+    /// pg_stat_io's buffer-pool columns: hits, evictions and reuses. Off by
+    /// default: they describe shared buffers, not storage, and a third of
+    /// the view's series.
+    PostgresIoBuffers,
+    /// Wait-event sampling (`pgstorage_pg_wait_event_seconds_total`): one
+    /// query per `wait_sampling_interval` on a connection of its own.
+    PostgresWaits,
+    /// IO limits: cgroup throttles, provisioned figures and their use from
+    /// the device counters (a volume's `sweep` is configured per volume and
+    /// runs on its probe thread).
+    Limits,
+}
+
+/// Name, default and one-line description of each [`Collector`].
+pub const COLLECTORS: [(Collector, &str, bool, &str); 8] = [
+    (
+        Collector::Probes,
+        "probes",
+        true,
+        "commit and read probes on every configured, default or discovered volume",
+    ),
+    (
+        Collector::ProbesSplit,
+        "probes.split",
+        false,
+        "op=\"write\" and op=\"sync\" series: each commit probe split into its write and its sync",
+    ),
+    (
+        Collector::Postgres,
+        "postgres",
+        true,
+        "PostgreSQL statistics views: WAL, checkpoints, commits (and, below, IO and wait events)",
+    ),
+    (
+        Collector::PostgresIo,
+        "postgres.io",
+        true,
+        "pg_stat_io (PostgreSQL 16+) by backend type, object and context",
+    ),
+    (
+        Collector::PostgresIoZeroRows,
+        "postgres.io.zero-rows",
+        false,
+        "pg_stat_io rows whose every counter is still zero",
+    ),
+    (
+        Collector::PostgresIoBuffers,
+        "postgres.io.buffers",
+        false,
+        "pg_stat_io's buffer-pool counters (op=\"hit\", \"eviction\", \"reuse\")",
+    ),
+    (
+        Collector::PostgresWaits,
+        "postgres.waits",
+        true,
+        "wait-event sampling (pgstorage_pg_wait_event_seconds_total)",
+    ),
+    (
+        Collector::Limits,
+        "limits",
+        true,
+        "IO limits: cgroup throttles, provisioned figures and their use from device counters",
+    ),
+];
+
+/// Which collectors are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Collectors {
+    on: [bool; COLLECTORS.len()],
+}
+
+impl Default for Collectors {
+    fn default() -> Self {
+        let mut on = [false; COLLECTORS.len()];
+        for (i, (_, _, default, _)) in COLLECTORS.iter().enumerate() {
+            on[i] = *default;
+        }
+        Collectors { on }
+    }
+}
+
+impl Collectors {
+    fn index(c: Collector) -> usize {
+        // COLLECTORS lists every variant once, in declaration order (unit
+        // test below).
+        c as usize
+    }
+
+    /// Whether `c` is on. A sub-collector is on only with its parent:
+    /// `postgres.io` needs `postgres`, `probes.split` needs `probes`.
+    pub fn on(&self, c: Collector) -> bool {
+        let parent = match c {
+            Collector::ProbesSplit => Some(Collector::Probes),
+            Collector::PostgresIo | Collector::PostgresWaits => Some(Collector::Postgres),
+            Collector::PostgresIoZeroRows | Collector::PostgresIoBuffers => {
+                Some(Collector::PostgresIo)
+            }
+            _ => None,
+        };
+        self.on[Self::index(c)] && parent.is_none_or(|p| self.on(p))
+    }
+
+    pub fn set(&mut self, c: Collector, on: bool) {
+        self.on[Self::index(c)] = on;
+    }
+
+    /// The collectors whose state differs from the default, as
+    /// `--collector.NAME` / `--no-collector.NAME`, for the start log line.
+    pub fn changed(&self) -> Vec<String> {
+        COLLECTORS
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, _, default, _))| self.on[*i] != *default)
+            .map(|(i, (_, name, _, _))| {
+                if self.on[i] {
+                    format!("--collector.{name}")
+                } else {
+                    format!("--no-collector.{name}")
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn collector_table_is_in_declaration_order() {
+        for (i, (c, _, _, _)) in COLLECTORS.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn sub_collectors_follow_their_parent() {
+        let mut c = Collectors::default();
+        assert!(c.on(Collector::PostgresIo) && !c.on(Collector::ProbesSplit));
+        assert!(!c.on(Collector::PostgresIoZeroRows));
+        c.set(Collector::Postgres, false);
+        assert!(!c.on(Collector::PostgresIo) && !c.on(Collector::PostgresWaits));
+        c.set(Collector::ProbesSplit, true);
+        assert!(c.on(Collector::ProbesSplit));
+        c.set(Collector::Probes, false);
+        assert!(!c.on(Collector::ProbesSplit));
+        assert_eq!(
+            c.changed(),
+            ["--no-collector.probes", "--collector.probes.split", "--no-collector.postgres"]
+        );
+    }
+}

@@ -88,6 +88,7 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         volumes.clone(),
         clusters.clone(),
         limits.clone(),
+        cfg.collectors,
     ));
 
     // Every socket is bound (or taken over) before anything starts, so a
@@ -135,6 +136,10 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         );
     }
 
+    let changed = cfg.collectors.changed();
+    if !changed.is_empty() {
+        tracing::info!(collectors = %changed.join(" "), "collectors differ from the defaults");
+    }
     let config_metrics = metrics.config();
     config_metrics.loaded();
     let shutdown_timeout = Arc::new(AtomicU64::new(millis(cfg.shutdown_timeout)));

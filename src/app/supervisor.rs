@@ -301,6 +301,9 @@ impl Supervisor {
         if let Some(t) = self.limits_task.take() {
             t.abort();
         }
+        if !self.cfg.collectors.on(crate::types::Collector::Limits) {
+            return;
+        }
         let inputs = Arc::new(super::limits_inputs::LimitsInputs {
             volumes: self.volumes.clone(),
             clusters: self.clusters.clone(),

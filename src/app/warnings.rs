@@ -28,7 +28,9 @@ pub fn volume(v: &VolumeState) {
 /// Clusters that get no probed volume because discovery is off and no
 /// volume is configured.
 pub fn undiscovered_clusters(cfg: &Config) {
-    if !cfg.volumes.is_empty() {
+    // --no-collector.probes says "probe nothing" on purpose: the start
+    // line lists it, no warning.
+    if !cfg.volumes.is_empty() || !cfg.collectors.on(crate::types::Collector::Probes) {
         return;
     }
     for c in cfg

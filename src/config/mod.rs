@@ -19,7 +19,7 @@ use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{
     Knob, MAX_WINDOW_SAMPLES, PROBE_DIR_NAME, ProbeSettings, VolumeSpec, window_samples,
 };
-use crate::types::{EngineChoice, Resource, SyncMethod};
+use crate::types::{Collector, Collectors, EngineChoice, Resource, SyncMethod};
 use raw::{RawConfig, RawVolume, RawVolumeDefaults, Sp};
 
 /// Where the exporter probes when given no volume at all: /var/tmp is on
@@ -42,6 +42,9 @@ pub struct Config {
     /// `--probe.*` flags on top (the sync method follows the cluster).
     pub volume_defaults: ProbeSettings,
     pub limits: LimitsSettings,
+    /// `--collector.*` / `--no-collector.*`: fixed at start (flags are not
+    /// read again on reload).
+    pub collectors: Collectors,
 }
 
 pub const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
@@ -161,6 +164,8 @@ pub struct FlagOverrides {
     pub pg_scrape_interval: Option<Duration>,
     /// `--no-pg.discover-volumes`.
     pub pg_no_discovery: bool,
+    /// `--collector.*` / `--no-collector.*`.
+    pub collectors: Collectors,
 }
 
 /// Loads and validates the configuration from an optional file plus flags.
@@ -222,6 +227,7 @@ pub fn build(
     let env = |k: &str| std::env::var(k).ok();
     let clusters = clusters(&raw.cluster, flags, &at, &env)?;
     let mut volumes = Vec::new();
+    let probes = flags.collectors.on(Collector::Probes);
     for (i, v) in raw.volume.iter().enumerate() {
         volumes.push(volume_from_file(i, v, &defaults, &at)?);
     }
@@ -234,7 +240,7 @@ pub fn build(
     }
     // The embedded default volume only when nothing else says what to probe:
     // with clusters, discovery does.
-    if volumes.is_empty() && clusters.is_empty() {
+    if volumes.is_empty() && clusters.is_empty() && probes {
         let mut v = volume_from_flag(
             &format!("{DEFAULT_VOLUME_NAME}={DEFAULT_VOLUME_PATH}"),
             &flagged,
@@ -324,6 +330,12 @@ pub fn build(
             .map(|p| absolute(p.get_ref()))
             .unwrap_or_else(|| PathBuf::from("/sys")),
     };
+    // --no-collector.probes: everything above is still validated (a
+    // mistake in the file is reported now, not when probes are turned on
+    // again), then nothing is probed.
+    if !probes {
+        volumes.clear();
+    }
     Ok(Config {
         window,
         shutdown_timeout,
@@ -331,6 +343,7 @@ pub fn build(
         clusters,
         volume_defaults,
         limits,
+        collectors: flags.collectors,
     })
 }
 
@@ -415,7 +428,9 @@ fn clusters(
                     .discover_volumes
                     .as_ref()
                     .map(|b| *b.get_ref())
-                    .unwrap_or(true),
+                    .unwrap_or(true)
+                    && flags.collectors.on(crate::types::Collector::Probes),
+                collectors: flags.collectors,
             },
             target,
         });
@@ -451,7 +466,9 @@ fn clusters(
                 scrape_interval: flags.pg_scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL),
                 wait_sampling_interval: DEFAULT_WAIT_SAMPLING_INTERVAL,
                 statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
-                discover_volumes: !flags.pg_no_discovery,
+                discover_volumes: !flags.pg_no_discovery
+                    && flags.collectors.on(crate::types::Collector::Probes),
+                collectors: flags.collectors,
             },
             target,
         });

@@ -64,10 +64,11 @@ pub fn encode(
     snaps: &[(Arc<VolumeState>, Snapshot)],
     clusters: &[ClusterSnapshot],
     limits: &LimitsSnapshot,
+    ops: &[Op],
 ) -> std::fmt::Result {
     let mut samples = Vec::new();
     for (v, s) in snaps {
-        for op in Op::ALL {
+        for &op in ops {
             for phase in Phase::ALL {
                 let n = s.samples[series(op, phase)];
                 if n > 0 {

@@ -111,10 +111,15 @@ fn rendered(format: Format) -> &'static Rendered {
 }
 
 /// Appends the family for every volume's histograms.
-pub fn encode(out: &mut String, format: Format, volumes: &[(Arc<VolumeState>, Snapshot)]) {
+pub fn encode(
+    out: &mut String,
+    format: Format,
+    volumes: &[(Arc<VolumeState>, Snapshot)],
+    ops: &[Op],
+) {
     let names: Vec<String> = volumes.iter().map(|(v, _)| escape(&v.name)).collect();
     let rows = volumes.iter().zip(&names).flat_map(|((v, _), vol)| {
-        Op::ALL.into_iter().flat_map(move |op| {
+        ops.iter().flat_map(move |&op| {
             Phase::ALL.into_iter().filter_map(move |phase| {
                 v.counts.histogram(op, phase).map(|h| {
                     (

@@ -30,6 +30,7 @@ use crate::limits::{LimitsSnapshot, LimitsState};
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
 use crate::probe::state::{Snapshot, VolumeState};
+use crate::types::{Collectors, Op};
 
 pub const PREFIX: &str = "pgstorage";
 
@@ -68,6 +69,8 @@ pub struct Metrics {
     clusters: Arc<ClusterSet>,
     limits: Arc<LimitsState>,
     config: config::ConfigMetrics,
+    /// Which probe ops are exposed: `probes.split` adds write and sync.
+    ops: &'static [Op],
     /// The previous body's length: the next one is about as long, and
     /// growing a 500 KB String from a small start copies it several times.
     last_len: std::sync::atomic::AtomicUsize,
@@ -86,6 +89,7 @@ impl Metrics {
         volumes: Arc<VolumeSet>,
         clusters: Arc<ClusterSet>,
         limits: Arc<LimitsState>,
+        collectors: Collectors,
     ) -> Metrics {
         let mut registry = Registry::default();
         let config = config::ConfigMetrics::register(&mut registry);
@@ -97,6 +101,7 @@ impl Metrics {
             clusters,
             limits,
             config,
+            ops: exposed_ops(collectors),
             last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
         }
     }
@@ -137,22 +142,22 @@ impl Metrics {
     pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
         let snap = Arc::new(self.snapshot());
         let mut scrape = Registry::default();
-        scrape.register_collector(Box::new(Scrape(snap.clone())));
+        scrape.register_collector(Box::new(Scrape(snap.clone(), self.ops)));
         let last = self.last_len.load(std::sync::atomic::Ordering::Relaxed);
         let mut out = String::with_capacity(last + last / 8);
         match format {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(&mut out, &self.registry)?;
                 prometheus_client::encoding::text::encode_registry(&mut out, &scrape)?;
-                histogram::encode(&mut out, format, &snap.volumes);
-                summary::encode(&mut out, &snap.volumes);
+                histogram::encode(&mut out, format, &snap.volumes, self.ops);
+                summary::encode(&mut out, &snap.volumes, self.ops);
                 prometheus_client::encoding::text::encode_eof(&mut out)?;
             }
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry)?;
                 prometheus_client::encoding::prometheus_text::encode(&mut out, &scrape)?;
-                histogram::encode(&mut out, format, &snap.volumes);
-                summary::encode(&mut out, &snap.volumes);
+                histogram::encode(&mut out, format, &snap.volumes, self.ops);
+                summary::encode(&mut out, &snap.volumes, self.ops);
             }
         }
         self.last_len
@@ -163,16 +168,28 @@ impl Metrics {
 
 /// The per-scrape collector: every family computed from the snapshot.
 #[derive(Debug)]
-struct Scrape(Arc<ScrapeSnapshot>);
+struct Scrape(Arc<ScrapeSnapshot>, &'static [Op]);
 
 impl Collector for Scrape {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = &self.0;
         probe::encode(&mut enc, &s.volumes)?;
-        derived::encode(&mut enc, &s.volumes, &s.clusters, &s.limits)?;
+        derived::encode(&mut enc, &s.volumes, &s.clusters, &s.limits, self.1)?;
         crate::postgres::views::encode(&mut enc, &s.clusters)?;
         limits::encode(&mut enc, &s.limits)?;
         health::encode(&mut enc, s)
+    }
+}
+
+/// The probe ops with latency series. `commit` (the durable step under
+/// every sync method) and `read` always; `write` and `sync`, the two halves
+/// of a commit, with `--collector.probes.split`: on a WAL volume they would
+/// otherwise triple the commit probe's series.
+pub fn exposed_ops(collectors: Collectors) -> &'static [Op] {
+    if collectors.on(crate::types::Collector::ProbesSplit) {
+        &Op::ALL
+    } else {
+        &[Op::Commit, Op::Read]
     }
 }
 

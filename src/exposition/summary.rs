@@ -43,7 +43,7 @@ fn summary_header(out: &mut String, name: &str, help: &str) {
 }
 
 /// Appends `pgstorage_probe_window_seconds` for every volume.
-pub fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)]) {
+pub fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)], ops: &[Op]) {
     summary_header(
         out,
         "pgstorage_probe_window_seconds",
@@ -62,7 +62,7 @@ pub fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)]) {
     let mut labels = String::new();
     for (v, s) in volumes {
         let vol = escape(&v.name);
-        for op in Op::ALL {
+        for &op in ops {
             for phase in Phase::ALL {
                 let i = series(op, phase);
                 if s.count[i] == 0 {

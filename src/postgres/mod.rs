@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::model::ceiling::{mean_sync_seconds, sync_time_share};
-use crate::types::SyncMethod;
+use crate::types::{Collector, SyncMethod};
 use db::{Db, QResult};
 use dsn::Target;
 use failure::{Cause, ConnectFailure, Failures, QueryError, Report};
@@ -43,6 +43,9 @@ pub struct ClusterConfig {
     pub wait_sampling_interval: Duration,
     pub statement_timeout: Duration,
     pub discover_volumes: bool,
+    /// Which of the statistics views are read (`postgres`, `postgres.io`,
+    /// `postgres.io.zero-rows`, `postgres.waits`).
+    pub collectors: crate::types::Collectors,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -55,6 +58,7 @@ impl std::fmt::Debug for ClusterConfig {
             .field("wait_sampling_interval", &self.wait_sampling_interval)
             .field("statement_timeout", &self.statement_timeout)
             .field("discover_volumes", &self.discover_volumes)
+            .field("collectors", &self.collectors)
             .finish()
     }
 }
@@ -498,7 +502,7 @@ impl Session<'_> {
                     }
                     self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
                 }
-                _ = sample.tick() => {
+                _ = sample.tick(), if cfg.collectors.on(Collector::PostgresWaits) => {
                     let r = views::activity::sample(self.db).await;
                     if let Some(s) = self.keep("waits", r)? {
                         let interval = cfg.wait_sampling_interval;
@@ -561,11 +565,32 @@ impl Session<'_> {
 
     async fn scrape_once(&mut self, version: u32) -> Result<PgStats, Lost> {
         let db = self.db;
+        let want = self.cfg.collectors;
         let r = views::settings::read(db).await;
         let settings = self.keep("settings", r)?.unwrap_or_default();
+        // Settings feed pgstorage_pg_setting*, the start warnings and volume
+        // discovery's sync method: read even with the statistics views off.
+        if !want.on(Collector::Postgres) {
+            return Ok(PgStats {
+                settings,
+                ..PgStats::default()
+            });
+        }
         let on = |n: &str| settings.iter().any(|s| s.name == n && s.value == "on");
-        let r = views::io::read(db, version).await;
-        let io = self.keep("io", r)?.flatten();
+        let io = if want.on(Collector::PostgresIo) {
+            let r = views::io::read(db, version).await;
+            self.keep("io", r)?.flatten().map(|mut rows| {
+                if !want.on(Collector::PostgresIoBuffers) {
+                    views::io::drop_buffer_ops(&mut rows);
+                }
+                if !want.on(Collector::PostgresIoZeroRows) {
+                    rows = views::io::drop_zero_rows(rows);
+                }
+                rows
+            })
+        } else {
+            None
+        };
         let wal_timing = on("track_wal_io_timing");
         let r = views::wal::read(db, version, wal_timing).await;
         let wal = self.keep("wal", r)?.flatten();

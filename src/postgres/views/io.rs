@@ -91,6 +91,39 @@ pub async fn read(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>> {
     ))
 }
 
+/// pg_stat_io's shared-buffer columns: a hit never reaches the storage, an
+/// eviction or a reuse is the buffer pool making room (its write, if any,
+/// is already counted under `write`).
+pub const BUFFER_OPS: [&str; 3] = ["hit", "eviction", "reuse"];
+
+/// Removes the [`BUFFER_OPS`] from every row (`--collector.postgres.io.buffers`
+/// off). Done before [`drop_zero_rows`], so a row whose only activity is
+/// buffer hits counts as all zero.
+pub fn drop_buffer_ops(rows: &mut [IoRow]) {
+    for r in rows {
+        r.ops.retain(|o| !BUFFER_OPS.contains(&o.op));
+    }
+}
+
+/// Drops the rows whose every counter (operations, time, bytes) is zero:
+/// pg_stat_io has a row for every backend type, object and context
+/// PostgreSQL could count, and on a typical primary most of them belong to
+/// processes that never ran (walsender without replicas, slotsync and
+/// walsummarizer workers, the startup process after a clean start). About
+/// three in four rows are such on a server under pgbench. A row reappears
+/// with its first non-zero counter; counters only grow (until
+/// pg_stat_reset_shared), so a row, once shown, stays.
+pub fn drop_zero_rows(mut rows: Vec<IoRow>) -> Vec<IoRow> {
+    rows.retain(|r| {
+        r.ops.iter().any(|o| {
+            [o.count, o.seconds, o.bytes]
+                .into_iter()
+                .any(|v| v.is_some_and(|v| v != 0.0))
+        })
+    });
+    rows
+}
+
 /// With timing off PostgreSQL reports 0 ms, not NULL: drop those times so
 /// they are absent rather than a false zero. WAL rows follow
 /// track_wal_io_timing, all others track_io_timing.
@@ -116,7 +149,7 @@ pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Resul
         (
             "pgstorage_pg_io_operations",
             |o| o.count,
-            "IO operations by backend type, object and context from pg_stat_io (16+); op = read, write, writeback, extend, hit, eviction, reuse, fsync",
+            "IO operations by backend type, object and context from pg_stat_io (16+); op = read, write, writeback, extend, fsync (and hit, eviction, reuse with --collector.postgres.io.buffers); rows whose every counter is zero are left out unless --collector.postgres.io.zero-rows",
         ),
         (
             "pgstorage_pg_io_seconds",
@@ -226,5 +259,55 @@ mod tests {
         }
         assert!(!out.contains("pgstorage_pg_io_seconds_total{"), "{out}");
         assert!(!out.contains("op=\"hit\"}} 0"), "{out}");
+    }
+
+    #[test]
+    fn all_zero_rows_are_dropped_and_a_single_count_keeps_a_row() {
+        let zero = |backend: &str, hits: Option<f64>| IoRow {
+            backend_type: backend.into(),
+            object: "relation".into(),
+            context: "normal".into(),
+            // NULL columns (ops PostgreSQL never counts in a context) and
+            // zeros alike count as nothing.
+            ops: vec![
+                op("read", Some(0.0), Some(0.0), Some(0.0)),
+                op("writeback", None, None, None),
+                op("hit", hits, None, None),
+            ],
+        };
+        let rows = vec![
+            zero("walsender", Some(0.0)),
+            zero("client backend", Some(1.0)),
+            zero("slotsync worker", None),
+            row("wal", Some(0.5)),
+        ];
+        let kept: Vec<_> = drop_zero_rows(rows)
+            .into_iter()
+            .map(|r| (r.backend_type, r.object))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("client backend".to_string(), "relation".to_string()),
+                ("client backend".to_string(), "wal".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn buffer_ops_go_first_so_a_hits_only_row_is_zero() {
+        let mut rows = vec![IoRow {
+            backend_type: "client backend".into(),
+            object: "relation".into(),
+            context: "bulkread".into(),
+            ops: vec![
+                op("read", Some(0.0), None, Some(0.0)),
+                op("hit", Some(40.0), None, None),
+                op("eviction", Some(3.0), None, None),
+            ],
+        }];
+        drop_buffer_ops(&mut rows);
+        assert_eq!(rows[0].ops.len(), 1);
+        assert!(drop_zero_rows(rows).is_empty());
     }
 }

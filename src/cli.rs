@@ -142,8 +142,7 @@ pub struct Cli {
 /// The flag ids of a collector: (`collector.NAME`, `no-collector.NAME`).
 /// Leaked once per process: clap wants `'static` ids and there are seven.
 fn collector_ids() -> &'static [(&'static str, &'static str)] {
-    static IDS: std::sync::OnceLock<Vec<(&'static str, &'static str)>> =
-        std::sync::OnceLock::new();
+    static IDS: std::sync::OnceLock<Vec<(&'static str, &'static str)>> = std::sync::OnceLock::new();
     IDS.get_or_init(|| {
         COLLECTORS
             .iter()

@@ -5,7 +5,6 @@
 
 use std::process::ExitCode;
 
-
 use pg_storage_exporter::app::daemon::{self, Listen, WebOptions};
 use pg_storage_exporter::check::{self, CheckOptions};
 use pg_storage_exporter::cli::{Cli, Command, OutputFormat, parse_listen};

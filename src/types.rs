@@ -424,7 +424,11 @@ mod tests {
         assert!(!c.on(Collector::ProbesSplit));
         assert_eq!(
             c.changed(),
-            ["--no-collector.probes", "--collector.probes.split", "--no-collector.postgres"]
+            [
+                "--no-collector.probes",
+                "--collector.probes.split",
+                "--no-collector.postgres"
+            ]
         );
     }
 }

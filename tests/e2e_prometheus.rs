@@ -265,7 +265,7 @@ fn wait_for_scrapes(prom: &Prometheus, n: u32, timeout: Duration) {
 
 /// Recorded series that must exist after a few evaluations.
 const CORE_RECORDINGS: &[&str] = &[
-    "instance_volume_op:pgstorage_probe_seconds:p99_5m{op=\"sync\"}",
+    "instance_volume_op:pgstorage_probe_seconds:p99_5m{op=\"commit\"}",
     "instance_volume_op:pgstorage_probe_seconds:p50_5m{op=\"read\"}",
     "instance_volume_op:pgstorage_probe_seconds:p99_1h{op=\"commit\"}",
 ];
@@ -322,7 +322,7 @@ fn prometheus_evaluates_every_dashboard_and_rule_expression() {
     // probes have samples of every op.
     let scrape = ex.wait_for("discovery and probes", Duration::from_secs(60), |m| {
         m.contains("pgstorage_cluster_volume_info{cluster=\"c\",volume=\"t\",role=\"wal\"} 1")
-            && common::count(m, "t", "sync") >= 3.0
+            && common::count(m, "t", "commit") >= 3.0
             && common::count(m, "t", "read") >= 3.0
             && m.contains("pgstorage_pg_up{cluster=\"c\"} 1")
     });

@@ -1,17 +1,24 @@
 //! The deployment files of deploy/: the Kubernetes manifests (every YAML
-//! document parsed, and the fields that tie a shape together checked: the
-//! sidecar mounts PostgreSQL's data and WAL volumes at PostgreSQL's paths,
-//! port 9847 is the named `pgse-metrics` port the Service/ServiceMonitor or
-//! PodMonitor scrape, the probe paths of its configuration lie on those
-//! volumes beside PostgreSQL's directories, the ConfigMap and Secret it
-//! mounts exist), the systemd unit and its example configuration, the
-//! Dockerfile, and every shipped exporter configuration accepted by the
-//! real exporter.
+//! document validated against the Kubernetes API schemas of several
+//! Kubernetes versions, and the fields that tie a shape together checked:
+//! the sidecar mounts PostgreSQL's data and WAL volumes at PostgreSQL's
+//! paths, port 9847 is the named `pgse-metrics` port the
+//! Service/ServiceMonitor or PodMonitor scrape, the probe paths of its
+//! configuration lie on those volumes beside PostgreSQL's directories, the
+//! ConfigMap and Secret it mounts exist), the systemd unit and its example
+//! configuration, the Dockerfile, and every shipped exporter configuration
+//! accepted by the real exporter.
 //!
-//! YAML is parsed with Python's PyYAML (`python3 -c 'import yaml'`; Debian
-//! package python3-yaml) into JSON, so the test needs no YAML crate. Where
-//! no Python with PyYAML is found, the structural checks fall back to a
-//! line-based reading of the same fields and say so.
+//! Schema validation is kubernetes-validate (PyPI), installed by
+//! scripts/install-k8s-validator into $PGSE_K8S_VALIDATORS/python (default
+//! /opt/pgse/k8s-validators); it bundles the API schemas of each Kubernetes
+//! release. Kinds it has no schema for (the CRDs of CloudNativePG and the
+//! Prometheus Operator, and kustomize's Kustomization) are listed in
+//! [`NOT_IN_K8S_SCHEMAS`] with what checks them instead.
+//!
+//! YAML is parsed with Python's PyYAML into JSON, so the test needs no YAML
+//! crate: the system's (Debian package python3-yaml) or the copy installed
+//! with the validator. Without either the tests skip, and fail under CI.
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -35,19 +42,88 @@ const CONFIG_FILE: &str = "/etc/pg-storage-exporter/config.toml";
 /// The Kubernetes shapes: directory and the uid PostgreSQL runs as there.
 const SHAPES: &[(&str, u64)] = &[("statefulset", 999), ("cloudnative-pg", 26)];
 
-/// A Python interpreter with PyYAML, if there is one.
-fn python_with_yaml() -> Option<&'static str> {
-    ["python3", "/usr/bin/python3"].into_iter().find(|p| {
-        Command::new(p)
-            .args(["-c", "import yaml"])
+/// The directory scripts/install-k8s-validator installs into.
+fn validators_dir() -> PathBuf {
+    std::env::var_os("PGSE_K8S_VALIDATORS")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from("/opt/pgse/k8s-validators"), PathBuf::from)
+}
+
+/// A Python interpreter and the `PYTHONPATH` it needs (if any).
+struct Python {
+    cmd: &'static str,
+    path: Option<PathBuf>,
+}
+
+impl Python {
+    fn command(&self) -> Command {
+        let mut c = Command::new(self.cmd);
+        if let Some(p) = &self.path {
+            c.env("PYTHONPATH", p);
+        }
+        c
+    }
+
+    /// Whether `python -c code` succeeds.
+    fn runs(&self, code: &str) -> bool {
+        self.command()
+            .args(["-c", code])
             .output()
             .is_ok_and(|o| o.status.success())
+    }
+}
+
+const PYTHONS: [&str; 2] = ["python3", "/usr/bin/python3"];
+
+/// kubernetes-validate as scripts/install-k8s-validator installed it, and
+/// its version.
+fn kubernetes_validate() -> Option<(Python, String)> {
+    let path = validators_dir().join("python");
+    PYTHONS.into_iter().find_map(|cmd| {
+        let py = Python {
+            cmd,
+            path: Some(path.clone()),
+        };
+        let out = py
+            .command()
+            .args([
+                "-c",
+                "import kubernetes_validate; print(kubernetes_validate.__version__)",
+            ])
+            .output()
+            .ok()?;
+        out.status.success().then(|| {
+            let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            (py, v)
+        })
     })
 }
 
+/// A Python interpreter with PyYAML: the system's, else the one installed
+/// with kubernetes-validate.
+fn python_with_yaml() -> Option<Python> {
+    PYTHONS
+        .into_iter()
+        .map(|cmd| Python { cmd, path: None })
+        .find(|p| p.runs("import yaml"))
+        .or_else(|| kubernetes_validate().map(|(p, _)| p))
+}
+
+/// `None` after "SKIPPED: why" outside CI; a panic under CI, which must not
+/// skip.
+fn unavailable<T>(why: &str) -> Option<T> {
+    assert!(
+        !common::ci(),
+        "CI is set and must not skip: {why} (scripts/install-k8s-validator installs it)"
+    );
+    eprintln!("SKIPPED: {why}");
+    None
+}
+
 /// Every YAML document of a file, as JSON.
-fn parse_yaml(python: &str, path: &Path) -> Vec<Value> {
-    let out = Command::new(python)
+fn parse_yaml(python: &Python, path: &Path) -> Vec<Value> {
+    let out = python
+        .command()
         .args([
             "-c",
             "import json, sys, yaml\n\
@@ -482,11 +558,9 @@ fn check_cloudnative_pg(docs: &[Value]) {
 fn kubernetes_manifests_tie_together() {
     let root = kit::repo("deploy/kubernetes");
     let Some(python) = python_with_yaml() else {
-        eprintln!(
-            "NOTE: no python3 with PyYAML (Debian package python3-yaml): checking the \
-             manifests line by line instead of parsing them"
+        unavailable::<()>(
+            "no python3 with PyYAML (Debian package python3-yaml) to parse the manifests",
         );
-        line_based_checks(&root);
         return;
     };
     let mut n_docs = 0;
@@ -496,7 +570,7 @@ fn kubernetes_manifests_tie_together() {
         let mut docs = Vec::new();
         let mut listed: Vec<String> = Vec::new();
         for f in &files {
-            let parsed = parse_yaml(python, f);
+            let parsed = parse_yaml(&python, f);
             for d in &parsed {
                 if d["kind"] == "Kustomization" {
                     listed = d["resources"]
@@ -532,33 +606,226 @@ fn kubernetes_manifests_tie_together() {
             other => panic!("unknown shape {other}"),
         }
     }
-    eprintln!("parsed {n_docs} YAML documents with {python} (PyYAML); both shapes check out");
+    eprintln!(
+        "parsed {n_docs} YAML documents with {} (PyYAML); both shapes check out",
+        python.cmd
+    );
 }
 
-/// Without PyYAML: the same ties, read from the lines.
-fn line_based_checks(root: &Path) {
-    for (shape, uid) in SHAPES {
-        let dir = root.join(shape);
-        let all: String = yaml_files(&dir)
-            .iter()
-            .map(|f| std::fs::read_to_string(f).unwrap())
-            .collect::<Vec<_>>()
-            .join("\n");
-        for needle in [
-            format!("{PORT}"),
-            PORT_NAME.to_string(),
-            "/var/lib/postgresql/data".to_string(),
-            "/var/lib/postgresql/wal".to_string(),
-            format!("{uid}"),
-            "RuntimeDefault".to_string(),
-            CONFIG_FILE.to_string(),
-            "pg-storage-exporter-probe".to_string(),
-        ] {
-            assert!(all.contains(&needle), "{shape}: {needle} missing");
+/// The Kubernetes releases the manifests are validated against: the three
+/// minor releases the Kubernetes project maintains as of kubernetes-validate
+/// 1.37.0, the newest it bundles (it has 1.25 to 1.37).
+const K8S_VERSIONS: &[&str] = &["1.35", "1.36", "1.37"];
+
+/// Kinds the Kubernetes API schemas do not have, and what checks them
+/// instead (printed by the test, so that none is skipped silently).
+const NOT_IN_K8S_SCHEMAS: &[(&str, &str)] = &[
+    (
+        "Kustomization",
+        "kustomize's build file (kustomize.config.k8s.io), never sent to the API server; \
+         kubernetes_manifests_tie_together checks that it lists every other file",
+    ),
+    (
+        "Cluster",
+        "CloudNativePG CRD (postgresql.cnpg.io/v1): NOT SCHEMA-CHECKED, no package on PyPI, \
+         npm, crates.io or Debian ships its CRD or a JSON schema of it; the container and \
+         volumes its cnpg.io/podPatch adds are schema-checked inside an instance Pod, and \
+         kubernetes_manifests_tie_together checks the fields the sidecar depends on",
+    ),
+    (
+        "ServiceMonitor",
+        "Prometheus Operator CRD (monitoring.coreos.com/v1): NOT SCHEMA-CHECKED here; \
+         kubernetes_manifests_tie_together checks its selector and port",
+    ),
+    (
+        "PodMonitor",
+        "Prometheus Operator CRD (monitoring.coreos.com/v1): NOT SCHEMA-CHECKED here; \
+         kubernetes_manifests_tie_together checks its selector and port",
+    ),
+];
+
+/// `doc` with a JSON-patch `add` of `value` at `path` (RFC 6902: `-` appends
+/// to an array).
+fn json_patch_add(doc: &mut Value, path: &str, value: Value) {
+    let mut tokens: Vec<String> = path
+        .strip_prefix('/')
+        .unwrap_or_else(|| panic!("JSON pointer {path}"))
+        .split('/')
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let last = tokens.pop().unwrap();
+    let mut at = doc;
+    for t in &tokens {
+        at = match at {
+            Value::Array(a) => &mut a[t.parse::<usize>().unwrap()],
+            other => other
+                .get_mut(t.as_str())
+                .unwrap_or_else(|| panic!("{path}: no {t}")),
+        };
+    }
+    match at {
+        Value::Array(a) if last == "-" => a.push(value),
+        Value::Array(a) => a.insert(last.parse().unwrap(), value),
+        Value::Object(o) => {
+            o.insert(last, value);
         }
-        for l in all.lines() {
-            assert!(!l.contains('\t'), "{shape}: tab in YAML: {l:?}");
+        other => panic!("{path}: cannot add into {other}"),
+    }
+}
+
+/// An instance pod of the CloudNativePG Cluster with its cnpg.io/podPatch
+/// applied: CloudNativePG's postgres container and its "pgdata" and "pg-wal"
+/// volumes (pkg/specs), plus what the patch adds.
+fn cnpg_instance_pod(cluster: &Value) -> Value {
+    let name = str_of(&cluster["metadata"]["name"]);
+    let mut pod = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": format!("{name}-1"), "labels": {"cnpg.io/cluster": name}},
+        "spec": {
+            "securityContext": {
+                "runAsUser": 26, "runAsGroup": 26, "fsGroup": 26,
+                "seccompProfile": {"type": "RuntimeDefault"}
+            },
+            "containers": [{
+                "name": "postgres",
+                "image": cluster["spec"]["imageName"],
+                "volumeMounts": [
+                    {"name": "pgdata", "mountPath": "/var/lib/postgresql/data"},
+                    {"name": "pg-wal", "mountPath": "/var/lib/postgresql/wal"}
+                ]
+            }],
+            "volumes": [
+                {"name": "pgdata", "persistentVolumeClaim": {"claimName": format!("{name}-1")}},
+                {"name": "pg-wal", "persistentVolumeClaim": {"claimName": format!("{name}-1-wal")}}
+            ]
         }
+    });
+    let patch_text = str_of(&cluster["metadata"]["annotations"]["cnpg.io/podPatch"]);
+    let patch: Value = serde_json::from_str(patch_text).unwrap();
+    for op in patch.as_array().unwrap() {
+        assert_eq!(op["op"], "add", "{op}");
+        json_patch_add(&mut pod, str_of(&op["path"]), op["value"].clone());
+    }
+    pod
+}
+
+/// kubernetes-validate, strict (unknown fields are errors), on every
+/// manifest and the patched CloudNativePG instance pod, for each of
+/// [`K8S_VERSIONS`]; and a manifest with a misspelt field must fail.
+#[test]
+fn kubernetes_manifests_match_the_api_schemas() {
+    let Some((python, version)) = kubernetes_validate().or_else(|| {
+        unavailable(&format!(
+            "kubernetes-validate is not installed in {}",
+            validators_dir().join("python").display()
+        ))
+    }) else {
+        return;
+    };
+    let repo = kit::repo("");
+    let tmp = tempfile::tempdir().unwrap();
+    // Each file as kubernetes-validate names it, and its (kind, name)s.
+    let mut files: Vec<(String, Vec<(String, String)>)> = Vec::new();
+    for (shape, _) in SHAPES {
+        for f in yaml_files(&kit::repo(&format!("deploy/kubernetes/{shape}"))) {
+            let docs = parse_yaml(&python, &f);
+            if let Some(c) = find(&docs, "Cluster").first() {
+                let pod = tmp
+                    .path()
+                    .join(format!("{shape}-instance-pod-with-podPatch.json"));
+                std::fs::write(
+                    &pod,
+                    serde_json::to_string_pretty(&cnpg_instance_pod(c)).unwrap(),
+                )
+                .unwrap();
+                let name = str_of(&c["metadata"]["name"]);
+                files.push((
+                    pod.to_str().unwrap().to_string(),
+                    vec![("Pod".into(), format!("{name}-1"))],
+                ));
+            }
+            let rel = f.strip_prefix(&repo).unwrap().to_str().unwrap().to_string();
+            let kinds = docs
+                .iter()
+                .map(|d| {
+                    (
+                        str_of(&d["kind"]).to_string(),
+                        str_of(&d["metadata"]["name"]).to_string(),
+                    )
+                })
+                .collect();
+            files.push((rel, kinds));
+        }
+    }
+    files.sort();
+    let validate = |version: &str, paths: &[&str]| {
+        let out = python
+            .command()
+            .current_dir(&repo)
+            .args(["-m", "kubernetes_validate", "--strict", "-k", version])
+            .args(paths)
+            .output()
+            .unwrap();
+        (out.status.success(), kit::output_text(&out))
+    };
+    let paths: Vec<&str> = files.iter().map(|(f, _)| f.as_str()).collect();
+    eprintln!("kubernetes-validate {version} --strict, Kubernetes {K8S_VERSIONS:?}:");
+    for v in K8S_VERSIONS {
+        let (ok, text) = validate(v, &paths);
+        for line in text.lines() {
+            eprintln!("  {line}");
+        }
+        assert!(ok, "kubernetes-validate -k {v} failed:\n{text}");
+        assert!(!text.contains("ERROR"), "{text}");
+        for (file, kinds) in &files {
+            for (kind, name) in kinds {
+                let line = if NOT_IN_K8S_SCHEMAS.iter().any(|(k, _)| k == kind) {
+                    format!("WARN {file} Couldn't find schema for kind {kind} ")
+                } else {
+                    format!(
+                        "INFO {file} passed for resource {}/{name} against version {v}",
+                        kind.to_lowercase()
+                    )
+                };
+                assert!(
+                    text.lines().any(|l| l.starts_with(&line)),
+                    "no line {line:?} from kubernetes-validate -k {v}:\n{text}"
+                );
+            }
+        }
+    }
+    for (file, kinds) in &files {
+        for (kind, name) in kinds {
+            if let Some((_, why)) = NOT_IN_K8S_SCHEMAS.iter().find(|(k, _)| k == kind) {
+                eprintln!("no Kubernetes API schema: {file} {kind} {name}: {why}");
+            }
+        }
+    }
+
+    // The validator is strict: a misspelt field fails, for every version.
+    let sts = std::fs::read_to_string(kit::repo("deploy/kubernetes/statefulset/statefulset.yaml"))
+        .unwrap();
+    assert!(sts.contains("readOnlyRootFilesystem: true"));
+    let bad = tmp.path().join("statefulset-misspelt.yaml");
+    std::fs::write(
+        &bad,
+        sts.replace(
+            "readOnlyRootFilesystem: true",
+            "readOnlyRootFileSystem: true",
+        ),
+    )
+    .unwrap();
+    for v in K8S_VERSIONS {
+        let (ok, text) = validate(v, &[bad.to_str().unwrap()]);
+        assert!(
+            !ok && text.contains("'readOnlyRootFileSystem' was unexpected"),
+            "kubernetes-validate -k {v} accepted a misspelt field:\n{text}"
+        );
+        eprintln!(
+            "  misspelt readOnlyRootFileSystem rejected by -k {v}: {}",
+            text.trim()
+        );
     }
 }
 

@@ -634,13 +634,15 @@ const NOT_IN_K8S_SCHEMAS: &[(&str, &str)] = &[
     ),
     (
         "ServiceMonitor",
-        "Prometheus Operator CRD (monitoring.coreos.com/v1): NOT SCHEMA-CHECKED here; \
-         kubernetes_manifests_tie_together checks its selector and port",
+        "Prometheus Operator CRD (monitoring.coreos.com/v1): schema-checked by \
+         prometheus_operator_resources_match_their_schemas (types, required fields, patterns; \
+         unknown fields are not rejected there)",
     ),
     (
         "PodMonitor",
-        "Prometheus Operator CRD (monitoring.coreos.com/v1): NOT SCHEMA-CHECKED here; \
-         kubernetes_manifests_tie_together checks its selector and port",
+        "Prometheus Operator CRD (monitoring.coreos.com/v1): schema-checked by \
+         prometheus_operator_resources_match_their_schemas (types, required fields, patterns; \
+         unknown fields are not rejected there)",
     ),
 ];
 
@@ -827,6 +829,96 @@ fn kubernetes_manifests_match_the_api_schemas() {
             text.trim()
         );
     }
+}
+
+/// The ServiceMonitor and PodMonitor, validated by
+/// scripts/k8s-crd-validator/validate.mjs with the schemas of the npm package
+/// @kubernetes-models/prometheus-operator (generated from the Prometheus
+/// Operator's API types); and an interval that is no Prometheus duration
+/// must fail.
+#[test]
+fn prometheus_operator_resources_match_their_schemas() {
+    let modules = validators_dir().join("node");
+    let node_version = Command::new("node")
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let Some(node_version) = node_version else {
+        unavailable::<()>("no node (Node.js) to run scripts/k8s-crd-validator/validate.mjs");
+        return;
+    };
+    if !modules.join(".installed-lock").is_file() {
+        unavailable::<()>(&format!(
+            "the npm packages of scripts/k8s-crd-validator are not installed in {}",
+            modules.display()
+        ));
+        return;
+    }
+    let Some(python) = python_with_yaml() else {
+        unavailable::<()>("no python3 with PyYAML to parse the manifests");
+        return;
+    };
+    let repo = kit::repo("");
+    let validate = |paths: &[&str]| {
+        let out = Command::new("node")
+            .current_dir(&repo)
+            .env("PGSE_K8S_VALIDATORS", validators_dir())
+            .arg("scripts/k8s-crd-validator/validate.mjs")
+            .args(paths)
+            .output()
+            .unwrap();
+        (out.status.success(), kit::output_text(&out))
+    };
+    let mut files = Vec::new();
+    let mut expected = Vec::new();
+    for (shape, _) in SHAPES {
+        for f in yaml_files(&kit::repo(&format!("deploy/kubernetes/{shape}"))) {
+            let rel = f.strip_prefix(&repo).unwrap().to_str().unwrap().to_string();
+            for d in parse_yaml(&python, &f) {
+                if str_of(&d["apiVersion"]).starts_with("monitoring.coreos.com/") {
+                    expected.push(format!(
+                        "INFO {rel} passed for resource {}/{} against \
+                         @kubernetes-models/prometheus-operator ",
+                        str_of(&d["kind"]).to_lowercase(),
+                        str_of(&d["metadata"]["name"])
+                    ));
+                }
+            }
+            files.push(rel);
+        }
+    }
+    assert_eq!(expected.len(), 2, "a ServiceMonitor and a PodMonitor");
+    let paths: Vec<&str> = files.iter().map(String::as_str).collect();
+    let (ok, text) = validate(&paths);
+    eprintln!("scripts/k8s-crd-validator/validate.mjs, node {node_version}:");
+    for line in text.lines() {
+        eprintln!("  {line}");
+    }
+    assert!(ok, "validate.mjs failed:\n{text}");
+    for want in &expected {
+        assert!(
+            text.lines().any(|l| l.starts_with(want.as_str())),
+            "no line {want:?}:\n{text}"
+        );
+    }
+
+    // An interval that is no Prometheus duration fails.
+    let tmp = tempfile::tempdir().unwrap();
+    let sm = std::fs::read_to_string(kit::repo(
+        "deploy/kubernetes/statefulset/servicemonitor.yaml",
+    ))
+    .unwrap();
+    assert!(sm.contains("interval: 15s"));
+    let bad = tmp.path().join("servicemonitor-bad-interval.yaml");
+    std::fs::write(&bad, sm.replace("interval: 15s", "interval: 15 seconds")).unwrap();
+    let (ok, text) = validate(&[bad.to_str().unwrap()]);
+    assert!(
+        !ok && text.contains("/interval must match pattern"),
+        "validate.mjs accepted interval: 15 seconds:\n{text}"
+    );
+    eprintln!("  interval \"15 seconds\" rejected: {}", text.trim());
 }
 
 #[test]

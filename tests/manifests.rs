@@ -627,10 +627,10 @@ const NOT_IN_K8S_SCHEMAS: &[(&str, &str)] = &[
     ),
     (
         "Cluster",
-        "CloudNativePG CRD (postgresql.cnpg.io/v1): NOT SCHEMA-CHECKED, no package on PyPI, \
-         npm, crates.io or Debian ships its CRD or a JSON schema of it; the container and \
-         volumes its cnpg.io/podPatch adds are schema-checked inside an instance Pod, and \
-         kubernetes_manifests_tie_together checks the fields the sidecar depends on",
+        "CloudNativePG CRD (postgresql.cnpg.io/v1): checked by \
+         cloudnative_pg_cluster_matches_its_crd_types (structure: fields, types, enums, \
+         required fields; not the CRD's patterns, bounds or CEL rules), and the container and \
+         volumes its cnpg.io/podPatch adds are schema-checked here inside an instance Pod",
     ),
     (
         "ServiceMonitor",
@@ -919,6 +919,105 @@ fn prometheus_operator_resources_match_their_schemas() {
         "validate.mjs accepted interval: 15 seconds:\n{text}"
     );
     eprintln!("  interval \"15 seconds\" rejected: {}", text.trim());
+}
+
+/// Runs cnpg-crd-check on `docs` (JSON on its standard input).
+fn cnpg_crd_check(bin: &Path, label: &str, docs: &Value) -> (bool, String) {
+    use std::io::Write;
+    let mut child = Command::new(bin)
+        .arg(label)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(docs.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), kit::output_text(&out))
+}
+
+/// The CloudNativePG resources, read by scripts/cnpg-crd-check into the
+/// types kopium generated from CloudNativePG's CRDs (crate
+/// k8s-crds-cloud-native-pg) and written back whole; a misspelt field and a
+/// value outside an enum must fail.
+#[test]
+fn cloudnative_pg_cluster_matches_its_crd_types() {
+    let bin = validators_dir().join("cnpg/bin/cnpg-crd-check");
+    let version = Command::new(&bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let Some(version) = version else {
+        unavailable::<()>(&format!("{} is not installed", bin.display()));
+        return;
+    };
+    let Some(python) = python_with_yaml() else {
+        unavailable::<()>("no python3 with PyYAML to parse the manifests");
+        return;
+    };
+    let repo = kit::repo("");
+    eprintln!("{version}:");
+    let mut clusters = Vec::new();
+    for (shape, _) in SHAPES {
+        for f in yaml_files(&kit::repo(&format!("deploy/kubernetes/{shape}"))) {
+            let rel = f.strip_prefix(&repo).unwrap().to_str().unwrap().to_string();
+            let docs = parse_yaml(&python, &f);
+            let cnpg: Vec<&Value> = docs
+                .iter()
+                .filter(|d| str_of(&d["apiVersion"]).starts_with("postgresql.cnpg.io/"))
+                .collect();
+            if cnpg.is_empty() {
+                continue;
+            }
+            let (ok, text) = cnpg_crd_check(&bin, &rel, &Value::Array(docs.clone()));
+            for line in text.lines() {
+                eprintln!("  {line}");
+            }
+            assert!(ok, "cnpg-crd-check {rel}:\n{text}");
+            for d in cnpg {
+                let want = format!(
+                    "INFO {rel} passed for resource {}/{} against ",
+                    str_of(&d["kind"]).to_lowercase(),
+                    str_of(&d["metadata"]["name"])
+                );
+                assert!(
+                    text.lines().any(|l| l.starts_with(&want)),
+                    "no line {want:?}:\n{text}"
+                );
+                if d["kind"] == "Cluster" {
+                    clusters.push(d.clone());
+                }
+            }
+        }
+    }
+    assert_eq!(clusters.len(), 1, "the CloudNativePG Cluster");
+
+    // A misspelt field and a value outside an enum fail.
+    let mut misspelt = clusters[0].clone();
+    let wal = misspelt["spec"]
+        .as_object_mut()
+        .unwrap()
+        .remove("walStorage")
+        .unwrap();
+    misspelt["spec"]["walstorage"] = wal;
+    let (ok, text) = cnpg_crd_check(&bin, "misspelt", &misspelt);
+    assert!(
+        !ok && text.contains(".spec.walstorage: no such field in the CRD"),
+        "{text}"
+    );
+    eprintln!("  {}", text.trim());
+    let mut bad_enum = clusters[0].clone();
+    bad_enum["spec"]["managed"]["roles"][0]["ensure"] = "presnt".into();
+    let (ok, text) = cnpg_crd_check(&bin, "bad-enum", &bad_enum);
+    assert!(!ok && text.contains("unknown variant `presnt`"), "{text}");
+    eprintln!("  {}", text.trim());
 }
 
 #[test]

@@ -24,14 +24,17 @@
 # Debian packages and the host's Rust toolchain, then runs and scrapes the
 # image.
 #
-# Run it with the configuration mounted as a file (the image has none), as
-# the owner of the PostgreSQL data directory so that volume discovery can
-# read it and create probe directories beside it (README.md, "Install:
-# container image"):
+# Run it on the PostgreSQL host as the owner of the data directory, with
+# PostgreSQL's directories mounted at their own paths, so that volume
+# discovery can read them and create probe directories beside them
+# (README.md, "Install: container image"; scripts/container-test runs this):
 #
-#   docker run --rm -p 9847:9847 --user "$(stat -c %u:%g /srv/pg/data)" \
-#     -v /etc/pg-storage-exporter/config.toml:/etc/pg-storage-exporter/config.toml:ro \
-#     -v /srv/pg:/srv/pg pg-storage-exporter
+#   docker run -d --name pg-storage-exporter --network host \
+#     --user "$(stat -c %u:%g /srv/pg/data)" -v /srv/pg:/srv/pg -e PGPASSWORD \
+#     pg-storage-exporter --pg.dsn 'main=host=127.0.0.1 port=5432 user=pgse dbname=postgres'
+#
+# Without arguments it runs --config.file /etc/pg-storage-exporter/config.toml
+# (the image has none: mount one, e.g. -v /etc/pg-storage-exporter:/etc/pg-storage-exporter:ro).
 #
 # The image's own user (uid 10001) suits a configuration whose probe
 # directories it can write, and in a PostgreSQL pod run it as the PostgreSQL

@@ -109,9 +109,7 @@ fn check_version_table(pg: &PgServer, m: &str) -> Vec<String> {
     );
     assert!(
         info[0].0.contains(&format!("version=\"{version}\""))
-            && info[0]
-                .0
-                .contains(&format!("server_version_num=\"{num}\"")),
+            && info[0].0.contains(&format!("server_version_num=\"{num}\"")),
         "{v}: {info:?}"
     );
 
@@ -175,7 +173,8 @@ fn check_version_table(pg: &PgServer, m: &str) -> Vec<String> {
     let io_bytes = samples_with(m, "pgstorage_pg_io_bytes_total", &["cluster=\"c\""]);
     let io_seconds = samples_with(m, "pgstorage_pg_io_seconds_total", &["cluster=\"c\""]);
     let io_source = if major >= 16 {
-        let extends = "backend_type=\"client backend\",object=\"relation\",context=\"normal\",op=\"extend\"";
+        let extends =
+            "backend_type=\"client backend\",object=\"relation\",context=\"normal\",op=\"extend\"";
         let ops = sample(
             m,
             &format!("pgstorage_pg_io_operations_total{{cluster=\"c\",{extends}}}"),
@@ -229,9 +228,7 @@ fn check_version_table(pg: &PgServer, m: &str) -> Vec<String> {
         assert_eq!(
             sample(
                 m,
-                &format!(
-                    "pgstorage_pg_io_timing_enabled{{cluster=\"c\",setting=\"{setting}\"}}"
-                )
+                &format!("pgstorage_pg_io_timing_enabled{{cluster=\"c\",setting=\"{setting}\"}}")
             ),
             Some(1.0),
             "{v}: {setting}"
@@ -242,7 +239,11 @@ fn check_version_table(pg: &PgServer, m: &str) -> Vec<String> {
     // events (IO:WALWrite became IO:WalWrite) but not the LWLocks
     // (LWLock:WALWrite kept its name): an IO event spelt "WAL..." is only
     // seen up to 16, "Wal..." only from 17.
-    let waits = samples_with(m, "pgstorage_pg_wait_event_seconds_total", &["cluster=\"c\""]);
+    let waits = samples_with(
+        m,
+        "pgstorage_pg_wait_event_seconds_total",
+        &["cluster=\"c\""],
+    );
     assert!(!waits.is_empty(), "{v}: no wait events");
     let event = |s: &str| -> (String, String) {
         let label = |k: &str| {

@@ -15,8 +15,9 @@
 //! blkio.throttle.io_serviced in v1), so Δ(write IOs) / Δ(commit probes)
 //! over an interval is the cost of one probe as the throttle sees it. It is
 //! only attributable when the exporter has a cgroup of its own (a systemd
-//! service, a container); in the root cgroup every process's IO is mixed in
-//! and no figure is published.
+//! service, a container) and is the only process in it; in the root cgroup,
+//! or one shared with other processes, their IO is mixed in and no figure
+//! is published.
 
 pub mod cgroup;
 pub mod diskstats;
@@ -253,6 +254,9 @@ fn collect(
         .note(read_proc_cgroup(&cfg.proc_root, "self"))
         .flatten()
         .and_then(|c| locate(&c));
+    let own_alone = own
+        .as_ref()
+        .is_some_and(|o| cgroup::alone(o, std::process::id()));
     // cluster name → located postmaster cgroup.
     let mut pg: BTreeMap<String, Located> = BTreeMap::new();
     for c in &clusters {
@@ -416,9 +420,13 @@ fn collect(
                 utilization,
             });
         }
-        // Writes per commit probe, from the exporter's own cgroup.
+        // Writes per commit probe, from the exporter's own cgroup, when the
+        // exporter is alone in it: in a cgroup shared with other processes
+        // (a login session, a CI runner, a container with a shell) their
+        // writes would be charged to the probes, and a throttled disk's
+        // capped ceiling would come out a hundred times too low.
         if v.commit_probe
-            && let Some(o) = own.as_ref().filter(|o| o.path != "/")
+            && let Some(o) = own.as_ref().filter(|o| o.path != "/" && own_alone)
             && let Some(c) = errors.note(cgroup::counters(o, &disk.majmin)).flatten()
         {
             // The exporter's writes on a disk come from every commit-probing

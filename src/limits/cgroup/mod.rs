@@ -475,6 +475,34 @@ pub fn counters(loc: &Located, dev: &str) -> Result<Option<Counters>, ReadError>
     }
 }
 
+/// Whether `pid` is the only process the cgroup's IO counters count: the
+/// only one in its `cgroup.procs`, and in v2, whose io.stat also counts the
+/// cgroup's descendants, none below it either. Anything unreadable counts
+/// as not alone: then the counters cannot be attributed to the exporter.
+pub fn alone(loc: &Located, pid: u32) -> bool {
+    fn only(dir: &Path, pid: u32, recurse: bool) -> bool {
+        let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
+            return false;
+        };
+        if procs.split_whitespace().any(|p| p != pid.to_string()) {
+            return false;
+        }
+        if !recurse {
+            return true;
+        }
+        let Ok(children) = std::fs::read_dir(dir) else {
+            return false;
+        };
+        children
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .all(|e| only(&e.path(), pid, true))
+    }
+    loc.dirs
+        .first()
+        .is_some_and(|d| only(d, pid, loc.version == Version::V2))
+}
+
 /// PSI stall totals of the cgroup (v2 only).
 pub fn pressure(loc: &Located) -> Result<BTreeMap<&'static str, f64>, ReadError> {
     let (Version::V2, Some(d)) = (loc.version, loc.dirs.first()) else {

@@ -326,3 +326,29 @@ fn strict_parsers() {
     assert!(parse_proc_cgroup("garbage\n").is_err());
     assert!(parse_proc_cgroup("x:blkio:/a\n").is_err());
 }
+
+#[test]
+fn alone_means_no_other_process_is_counted() {
+    let t = tempfile::tempdir().unwrap();
+    let d = t.path().join("pgse");
+    std::fs::create_dir_all(d.join("child")).unwrap();
+    let loc = |version| Located {
+        version,
+        path: "/pgse".into(),
+        dirs: vec![d.clone(), t.path().to_path_buf()],
+    };
+    // Unreadable: not attributable.
+    assert!(!alone(&loc(Version::V1), 42));
+    std::fs::write(d.join("cgroup.procs"), "42\n").unwrap();
+    assert!(alone(&loc(Version::V1), 42));
+    assert!(!alone(&loc(Version::V1), 7));
+    // v2 counts descendants: a process below makes the figure shared; v1
+    // counts the cgroup alone.
+    std::fs::write(d.join("child/cgroup.procs"), "99\n").unwrap();
+    assert!(!alone(&loc(Version::V2), 42));
+    assert!(alone(&loc(Version::V1), 42));
+    std::fs::write(d.join("child/cgroup.procs"), "").unwrap();
+    assert!(alone(&loc(Version::V2), 42));
+    std::fs::write(d.join("cgroup.procs"), "42\n4242\n").unwrap();
+    assert!(!alone(&loc(Version::V1), 42));
+}

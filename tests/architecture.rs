@@ -20,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("families", &[]),
     ("sys", &[]),
     ("events", &[]),
+    ("audit", &[]),
     ("model", &["types", "units"]),
     ("probe", &["model", "types", "units", "events", "sys"]),
     (
@@ -33,7 +34,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "exposition",
         &[
-            "families", "model", "types", "units", "probe", "postgres", "limits",
+            "families", "model", "types", "units", "probe", "postgres", "limits", "audit",
         ],
     ),
     (
@@ -51,7 +52,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "config",
-        &["model", "types", "units", "probe", "postgres", "limits"],
+        &[
+            "model", "types", "units", "probe", "postgres", "limits", "audit",
+        ],
     ),
     ("check", &["model", "types", "units", "probe", "sys"]),
     ("cli", &["types", "units"]),
@@ -59,6 +62,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "app",
         &[
+            "audit",
             "config",
             "exposition",
             "families",

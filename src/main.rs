@@ -37,6 +37,22 @@ fn main() -> ExitCode {
                 eprintln!("pg-storage-exporter check: --sweep {d:?}: out of range, use 1s to 5m");
                 return ExitCode::from(2);
             }
+            if a.audit_only {
+                let out = check::audit_only(&a.path).and_then(|r| match a.format {
+                    OutputFormat::Text => Ok(check::render_audit_text(&r)),
+                    OutputFormat::Json => check::render_audit_json(&r),
+                });
+                return match out {
+                    Ok(s) => {
+                        print!("{s}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("pg-storage-exporter check: {}", chain(&e));
+                        ExitCode::from(1)
+                    }
+                };
+            }
             let report = match check::run(&opts) {
                 Ok(r) => r,
                 Err(e) => {

@@ -56,7 +56,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "model", "types", "units", "probe", "postgres", "limits", "audit",
         ],
     ),
-    ("check", &["model", "types", "units", "probe", "sys"]),
+    (
+        "check",
+        &["model", "types", "units", "probe", "sys", "audit"],
+    ),
     ("cli", &["types", "units"]),
     ("logging", &["cli"]),
     (

@@ -43,6 +43,22 @@ pub fn encode(enc: &mut DescriptorEncoder<'_>, s: &AuditSnapshot) -> fmt::Result
         "1 for each storage-configuration audit finding (code, severity, volume or cluster; neither for host-wide kernel settings); absent when the check passes. See docs/audit.md",
         rows,
     )?;
+    let mut evaluated: Vec<(Vec<(&str, &str)>, f64)> = Vec::new();
+    if let Some(r) = &s.last {
+        evaluated.push((Vec::new(), f64::from(r.host.checked)));
+        for (v, o) in &r.volumes {
+            evaluated.push((vec![("volume", v.as_str())], f64::from(o.checked)));
+        }
+        for (c, o) in &r.clusters {
+            evaluated.push((vec![("cluster", c.as_str())], f64::from(o.checked)));
+        }
+    }
+    families::gauge(
+        enc,
+        "pgstorage_audit_evaluated_checks",
+        "Checks the latest audit pass evaluated for the host (no label), a volume or a cluster; a cluster is absent until its collector has read its settings. 0 or absent: not checked, whatever pgstorage_audit_finding shows",
+        evaluated,
+    )?;
     families::counter(
         enc,
         "pgstorage_audit_checks",

@@ -84,6 +84,6 @@ pub fn encode(enc: &mut DescriptorEncoder<'_>, s: &AuditSnapshot) -> fmt::Result
         enc,
         "pgstorage_audit_last_run_timestamp_seconds",
         "Unix time of the latest audit pass; absent before the first",
-        s.last_run.map(|t| ([] as [(&str, &str); 0], t)).into_iter(),
+        s.last_run.map(|t| ([] as [(&str, &str); 0], t)),
     )
 }

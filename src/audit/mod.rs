@@ -190,6 +190,12 @@ pub const CHECKS: &[Check] = &[
         "mounted without noatime",
     ),
     c(
+        "filesystem_choice",
+        Severity::Info,
+        Scope::Volume,
+        "a filesystem other than ext4 or XFS",
+    ),
+    c(
         "pending_restart",
         Severity::Info,
         Scope::Cluster,
@@ -595,6 +601,32 @@ pub fn evaluate_volume(v: &VolumeFacts) -> Outcome {
                     format!("mountinfo option {mode}"),
                     "Reads update access times, which turns some reads into metadata writes",
                     "add noatime to the mount options in /etc/fstab",
+                )
+            }
+        }),
+    );
+    o.note(
+        "filesystem_choice",
+        v.fstype.as_ref().and_then(|fs| {
+            // Memory and overlay filesystems have their own finding above;
+            // an unknown type is not evidence of anything.
+            let judged =
+                !(MEMORY_FILESYSTEMS.contains(&fs.as_str()) || fs == "overlay" || fs == "unknown");
+            if !judged {
+                return None;
+            }
+            if fs == "ext4" || fs == "xfs" {
+                PASS
+            } else {
+                found(
+                    format!("mountinfo fstype = {fs}"),
+                    format!(
+                        "{fs} is not one of the filesystems PostgreSQL's WAL and data are \
+                         usually tuned and tested on (ext4, XFS); copy-on-write or network \
+                         filesystems add writes or round trips to every sync"
+                    ),
+                    "put data and WAL on ext4 or XFS, or silence this code if the choice is \
+                     deliberate (e.g. ZFS with a matching recordsize)",
                 )
             }
         }),

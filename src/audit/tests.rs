@@ -234,6 +234,11 @@ fn volume_checks() {
             |v| v.read_ahead_kb = Some(1024),
         ),
         (
+            "filesystem_choice",
+            |v| v.fstype = Some("btrfs".into()),
+            |v| v.fstype = Some("ext4".into()),
+        ),
+        (
             "atime",
             |v| v.mount_options = Some(vec!["rw".into(), "relatime".into()]),
             |v| v.mount_options = Some(vec!["rw".into(), "noatime".into()]),

@@ -94,6 +94,8 @@ pub struct AuditReport {
     pub path: PathBuf,
     pub volume: crate::audit::Outcome,
     pub host: crate::audit::Outcome,
+    /// With `--pg.dsn`: the cluster's findings.
+    pub cluster: Option<crate::audit::Outcome>,
     /// Files that exist but could not be read or parsed.
     pub read_errors: Vec<String>,
 }
@@ -117,6 +119,7 @@ pub fn audit(path: &Path, sync_too_fast: Option<bool>) -> AuditReport {
         path: path.to_path_buf(),
         volume: crate::audit::evaluate_volume(&volume_facts),
         host: crate::audit::evaluate_host(&host_facts),
+        cluster: None,
         read_errors: errors.0,
     }
 }
@@ -137,9 +140,16 @@ pub fn render_audit_text(a: &AuditReport) -> String {
         .iter()
         .map(|f| ("volume", f))
         .chain(a.host.findings.iter().map(|f| ("host", f)))
+        .chain(
+            a.cluster
+                .iter()
+                .flat_map(|c| &c.findings)
+                .map(|f| ("cluster", f)),
+        )
         .collect();
-    let checked = a.volume.checked + a.host.checked;
-    let skipped = a.volume.skipped + a.host.skipped;
+    let cluster = |f: fn(&crate::audit::Outcome) -> u32| a.cluster.as_ref().map_or(0, f);
+    let checked = a.volume.checked + a.host.checked + cluster(|c| c.checked);
+    let skipped = a.volume.skipped + a.host.skipped + cluster(|c| c.skipped);
     if findings.is_empty() {
         let _ = writeln!(
             o,

@@ -297,6 +297,11 @@ pub struct CheckArgs {
     /// running any probe.
     #[arg(long = "audit-only")]
     pub audit_only: bool,
+
+    /// Also audit this PostgreSQL cluster's settings and checkpoints over a
+    /// read-only session (libpq connection string or postgresql:// URL).
+    #[arg(long = "pg.dsn", value_name = "DSN")]
+    pub pg_dsn: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

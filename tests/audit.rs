@@ -551,3 +551,61 @@ fn wal_on_its_own_filesystem_has_no_shared_volume_finding() {
     );
     drop(lv);
 }
+
+/// `check --audit-only --pg.dsn DSN PATH` adds the cluster's findings,
+/// read over a read-only session as a pg_monitor role.
+#[test]
+fn check_audit_only_with_a_dsn_adds_the_cluster_findings() {
+    let Some(stack) = Stack::builder()
+        .pg_version(PgKind::V18)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .setup(|pg| {
+            pg.psql("ALTER SYSTEM SET fsync = off");
+            pg.psql("SELECT pg_reload_conf()");
+        })
+        .volume("interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
+        .start()
+    else {
+        return;
+    };
+    let dsn = stack.dsn("mon");
+    let run = |format: &str| {
+        let out = std::process::Command::new(BIN)
+            .args([
+                "check",
+                "--audit-only",
+                "--format",
+                format,
+                "--pg.dsn",
+                &dsn,
+            ])
+            .arg(stack.work.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = run("text");
+    eprintln!("{text}");
+    assert!(text.contains("CRITICAL [fsync_off] (cluster)"), "{text}");
+    assert!(
+        text.contains("fix: ALTER SYSTEM SET fsync = 'on'"),
+        "{text}"
+    );
+    let j: serde_json::Value = serde_json::from_str(&run("json")).unwrap();
+    let codes: Vec<&str> = j["cluster"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["code"].as_str().unwrap())
+        .collect();
+    assert!(codes.contains(&"fsync_off"), "{j}");
+    // The data directory is local here: the shared-volume check ran.
+    assert!(codes.contains(&"wal_shares_data_volume"), "{j}");
+    assert!(!dsn.is_empty() && !text.contains(MON_PASSWORD));
+}

@@ -144,3 +144,85 @@ pub fn cluster_facts(
         hugepages_total,
     })
 }
+
+/// `check --pg.dsn DSN`: the cluster's findings from one short read-only
+/// session (the same settings and checkpoint queries as the collector),
+/// with the data and WAL filesystems looked up locally when the data
+/// directory is visible from here.
+pub fn check_cluster(dsn: &str, host: &audit::HostFacts) -> anyhow::Result<audit::Outcome> {
+    use anyhow::Context;
+    let env = |k: &str| std::env::var(k).ok();
+    let target =
+        crate::postgres::dsn::target(dsn, &env, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let (settings, checkpoints) = rt.block_on(async {
+        let within = std::time::Duration::from_secs(10);
+        let conn = tokio::time::timeout(within, crate::postgres::tls::connect(&target))
+            .await
+            .map_err(|_| anyhow::anyhow!("{}: no answer within {within:?}", target.display))?
+            .map_err(|e| anyhow::anyhow!("{}: {e}", target.display))?;
+        let db = crate::postgres::db::Db::new(&conn.client, std::time::Duration::from_secs(5));
+        // Never write: the session refuses it, as the collector's does.
+        db.batch_execute("SET statement_timeout = 5000; SET default_transaction_read_only = on")
+            .await
+            .map_err(|e| anyhow::anyhow!("setting up the session: {e}"))?;
+        let (version, _) = crate::postgres::views::version::read(db)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the version: {e}"))?;
+        let settings = crate::postgres::views::settings::read(db)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading pg_settings: {e}"))?;
+        let checkpoints = crate::postgres::views::checkpoints::read(db, version)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the checkpoint statistics: {e}"))?;
+        Ok::<_, anyhow::Error>((settings, checkpoints))
+    })?;
+    let data = settings
+        .iter()
+        .find(|s| s.name == "data_directory")
+        .map(|s| PathBuf::from(&s.value));
+    let roots = crate::probe::fsinfo::Roots::default();
+    // Only when the data directory is on this machine (and readable): a
+    // remote server's paths say nothing about local filesystems.
+    let local = data
+        .as_ref()
+        .map(|d| crate::probe::fsinfo::lookup(d, &roots))
+        .filter(|f| !f.majmin.is_empty());
+    let wal = data
+        .as_ref()
+        .filter(|_| local.is_some())
+        .map(|d| crate::probe::fsinfo::lookup(&d.join("pg_wal"), &roots))
+        .filter(|f| !f.majmin.is_empty());
+    let data_nonrotational = match (&data, &local) {
+        (Some(d), Some(f)) => {
+            let disk = f.disk.as_ref().map(|d| d.name.clone());
+            audit::read::volume(&roots.proc, &roots.sys, d, disk.as_deref(), None)
+                .0
+                .rotational
+                .map(|r| !r)
+        }
+        _ => None,
+    };
+    let facts = ClusterFacts {
+        settings: settings
+            .iter()
+            .map(|s| PgSetting {
+                name: s.name.clone(),
+                setting: s.value.clone(),
+                numeric: s.numeric,
+                source: s.source.clone(),
+                pending_restart: s.pending_restart,
+            })
+            .collect(),
+        checkpoints_timed: checkpoints.as_ref().and_then(|p| p.timed),
+        checkpoints_requested: checkpoints.as_ref().and_then(|p| p.requested),
+        data_fs: local.map(|f| f.majmin),
+        wal_fs: wal.map(|f| f.majmin),
+        data_nonrotational,
+        hugepages_total: host.hugepages_total,
+    };
+    Ok(audit::evaluate_cluster(&facts))
+}

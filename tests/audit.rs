@@ -609,3 +609,30 @@ fn check_audit_only_with_a_dsn_adds_the_cluster_findings() {
     assert!(codes.contains(&"wal_shares_data_volume"), "{j}");
     assert!(!dsn.is_empty() && !text.contains(MON_PASSWORD));
 }
+
+/// With a long `audit_interval` the first pass runs before the cluster is
+/// connected; the audit looks again within seconds rather than an hour.
+#[test]
+fn a_cluster_connecting_after_the_first_pass_is_audited_soon() {
+    let Some(stack) = Stack::builder()
+        .pg_version(PgKind::V18)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .config_head("window = \"1m\"\naudit_interval = \"1h\"\n")
+        .volume("interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
+        .cluster("c", "mon", "scrape_interval = \"500ms\"")
+        .ready_pg_up("c")
+        .start()
+    else {
+        return;
+    };
+    let m = stack
+        .ex
+        .wait_for("the cluster audited", Duration::from_secs(40), |m| {
+            sample(m, "pgstorage_audit_evaluated_checks{cluster=\"c\"}").is_some_and(|n| n >= 8.0)
+        });
+    assert!(
+        sample(&m, "pgstorage_audit_runs_total").unwrap() >= 2.0,
+        "{m}"
+    );
+}

@@ -24,16 +24,28 @@ pub struct AuditInputs {
     pub clusters: Arc<ClusterSet>,
 }
 
+/// How soon to look again while a cluster has not been read yet, and once
+/// after it has (its discovered volumes arrive just after): otherwise a
+/// cluster's findings would wait a whole `audit_interval` after a start.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub async fn run(inputs: AuditInputs, state: Arc<AuditState>) {
-    let mut tick = tokio::time::interval(inputs.settings.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let interval = inputs.settings.interval;
+    let mut settle_once_more = true;
     loop {
-        tick.tick().await;
         let i = inputs.clone();
         // Reading /sys and stat()ing a volume can hang on a dead network
         // filesystem: never on an async worker.
-        match tokio::task::spawn_blocking(move || pass(&i)).await {
-            Ok(report) => {
+        let mut wait = interval;
+        match tokio::task::spawn_blocking(move || {
+            let watched = i.clusters.snapshots().len();
+            let report = pass(&i);
+            let unread = watched.saturating_sub(report.clusters.len());
+            (report, unread)
+        })
+        .await
+        {
+            Ok((report, unread)) => {
                 let now = SystemTime::now()
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs_f64())
@@ -42,9 +54,19 @@ pub async fn run(inputs: AuditInputs, state: Arc<AuditState>) {
                     tracing::warn!(errors = ?report.read_errors, "audit: some files could not be read");
                 }
                 state.record(report, now);
+                // A cluster that stays down keeps this at SETTLE: a few
+                // dozen small file reads every 10 s, nothing on the server.
+                if unread > 0 {
+                    wait = SETTLE.min(interval);
+                    settle_once_more = true;
+                } else if settle_once_more {
+                    wait = SETTLE.min(interval);
+                    settle_once_more = false;
+                }
             }
             Err(e) => tracing::error!(error = %e, "audit pass failed"),
         }
+        tokio::time::sleep(wait).await;
     }
 }
 

@@ -6,7 +6,9 @@
 //! pgbench load runs. Then every PromQL expression of the dashboards and of
 //! the rules goes through Prometheus' HTTP API with no error, the core
 //! panels return data, and every metric and label name they use exists in
-//! docs/metrics.md or in the real scrape.
+//! docs/metrics.md or in the real scrape. That test runs on every supported
+//! PostgreSQL version, 14 to 18 (before 16 there is no pg_stat_io, so its
+//! panel is the one core panel left empty there), with one line per version.
 //!
 //! A second test (root and cgroup v1 blkio, like tests/limits.rs) puts the
 //! WAL on a loop device capped at 100 write IOPS and evaluates the
@@ -28,7 +30,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::pg::PgServer;
+use common::pg::{self, PgKind, PgServer};
 use common::stack::{Stack, StackBuilder};
 use common::{http_get, kit, loopdev};
 
@@ -174,7 +176,8 @@ impl Drop for Prometheus {
     }
 }
 
-/// PostgreSQL 18 and the exporter watching it as a pg_monitor-only role:
+/// PostgreSQL (18 unless the test picks another) and the exporter watching
+/// it as a pg_monitor-only role:
 /// one probed temp volume with a provisioned IOPS limit (so the IO cap
 /// series exist), fast intervals, and the cluster with volume discovery on.
 /// The volume is on the same filesystem as the cluster's data directory and
@@ -202,8 +205,12 @@ fn stack() -> StackBuilder<'static> {
         )
 }
 
+/// The core panel that reads pg_stat_io, which exists from PostgreSQL 16.
+const PG_STAT_IO_PANEL: &str = "pg_stat_io operations by backend type and context";
+
 /// Panels whose every target must return data once the exporter has
-/// probed, PostgreSQL has committed and Prometheus has scraped a few times.
+/// probed, PostgreSQL has committed and Prometheus has scraped a few times
+/// ([`PG_STAT_IO_PANEL`] only from PostgreSQL 16).
 const CORE_PANELS: &[(&str, &str)] = &[
     (
         "pg-storage-exporter-overview.json",
@@ -232,10 +239,7 @@ const CORE_PANELS: &[(&str, &str)] = &[
         "pg-storage-exporter-postgresql.json",
         "Wait events (stacked)",
     ),
-    (
-        "pg-storage-exporter-postgresql.json",
-        "pg_stat_io operations by backend type and context",
-    ),
+    ("pg-storage-exporter-postgresql.json", PG_STAT_IO_PANEL),
     (
         "pg-storage-exporter-postgresql.json",
         "WAL sync mean: PostgreSQL vs probe",
@@ -304,8 +308,32 @@ fn scrape_names(scrape: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 #[test]
-fn prometheus_evaluates_every_dashboard_and_rule_expression() {
-    let Some(mut stack) = stack().start() else {
+fn prometheus_evaluates_every_dashboard_and_rule_expression_14() {
+    prometheus_evaluates_every_dashboard_and_rule_expression(PgKind::V14);
+}
+
+#[test]
+fn prometheus_evaluates_every_dashboard_and_rule_expression_15() {
+    prometheus_evaluates_every_dashboard_and_rule_expression(PgKind::V15);
+}
+
+#[test]
+fn prometheus_evaluates_every_dashboard_and_rule_expression_16() {
+    prometheus_evaluates_every_dashboard_and_rule_expression(PgKind::V16);
+}
+
+#[test]
+fn prometheus_evaluates_every_dashboard_and_rule_expression_17() {
+    prometheus_evaluates_every_dashboard_and_rule_expression(PgKind::V17);
+}
+
+#[test]
+fn prometheus_evaluates_every_dashboard_and_rule_expression_18() {
+    prometheus_evaluates_every_dashboard_and_rule_expression(PgKind::V18);
+}
+
+fn prometheus_evaluates_every_dashboard_and_rule_expression(kind: PgKind) {
+    let Some(mut stack) = stack().pg_version(kind).start() else {
         return;
     };
     let (pg, ex, work) = (&stack.pg, &mut stack.ex, &stack.work);
@@ -361,8 +389,13 @@ fn prometheus_evaluates_every_dashboard_and_rule_expression() {
         // The timing-off estimate of the WAL sync time share is empty
         // here by design: the harness runs with track_wal_io_timing on.
         .filter(|q| !(q.title == "WAL sync time share" && q.ref_id == "B"))
+        // No pg_stat_io before 16.
+        .filter(|q| pg.major() >= 16 || q.title != PG_STAT_IO_PANEL)
         .collect();
     for (f, t) in CORE_PANELS {
+        if pg.major() < 16 && *t == PG_STAT_IO_PANEL {
+            continue;
+        }
         assert!(
             core.iter().any(|q| q.dashboard == *f && q.title == *t),
             "core panel {t:?} not found in {f}"
@@ -484,6 +517,14 @@ fn prometheus_evaluates_every_dashboard_and_rule_expression() {
         rules_with_data
     );
     eprintln!("without data here: {no_data:#?}");
+    pg::report(&format!(
+        "postgres {}: prometheus ok, {} dashboard expressions ({with_data} with data) and {} rule \
+         expressions ({rules_with_data} with data), 0 errors, {} core panels with data",
+        pg.version(),
+        queries.len(),
+        rule_exprs.len(),
+        core.len()
+    ));
 
     // Metric and label names: only those of docs/metrics.md or of the
     // real scrape (recorded series aside).

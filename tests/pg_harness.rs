@@ -1,6 +1,6 @@
-//! The PostgreSQL test harness itself (tests/common/pg.rs) on PostgreSQL 15
-//! and 18: start, roles and auth, pgbench, restart, pg_wal elsewhere,
-//! cleanup.
+//! The PostgreSQL test harness itself (tests/common/pg.rs) on every
+//! supported version, 14 to 18: start, roles and auth, pgbench, restart,
+//! pg_wal elsewhere, cleanup.
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -17,11 +17,16 @@ fn lifecycle(kind: PgKind) {
     };
     let major = pg.major();
     assert_eq!(major, kind.major());
-
-    let version = pg.psql("SHOW server_version_num");
+    let version = pg.version().to_string();
     assert!(
-        version.starts_with(&major.to_string()),
-        "server_version_num {version} for PostgreSQL {major}"
+        version.starts_with(&format!("{major}.")),
+        "{version} for PostgreSQL {major}"
+    );
+
+    let num = pg.psql("SHOW server_version_num");
+    assert!(
+        num.starts_with(&major.to_string()),
+        "server_version_num {num} for PostgreSQL {major}"
     );
     assert_eq!(pg.psql("SHOW track_io_timing"), "on");
     assert_eq!(pg.psql("SHOW track_wal_io_timing"), "on");
@@ -43,10 +48,20 @@ fn lifecycle(kind: PgKind) {
         pg.psql_tcp("pgse_monitor", password, "SELECT 1").unwrap(),
         "1"
     );
+    pg.psql("CREATE TABLE t_owned(x int)");
     let err = pg
-        .psql_tcp("pgse_monitor", password, "CREATE TABLE t_mon(x int)")
+        .psql_tcp("pgse_monitor", password, "INSERT INTO t_owned VALUES (1)")
         .unwrap_err();
     assert!(err.contains("permission denied"), "{err}");
+    // Up to 14 every role may create tables in the schema public; 15
+    // revoked that from PUBLIC.
+    let created = pg.psql_tcp("pgse_monitor", password, "CREATE TABLE t_mon(x int)");
+    if major >= 15 {
+        let err = created.unwrap_err();
+        assert!(err.contains("permission denied"), "{err}");
+    } else {
+        assert!(created.is_ok(), "{created:?}");
+    }
     let err = pg
         .psql_tcp("pgse_monitor", "wrong", "SELECT 1")
         .unwrap_err();
@@ -103,6 +118,15 @@ fn lifecycle(kind: PgKind) {
     drop(pg);
     assert!(!data.exists(), "{} left behind", data.display());
     assert!(!pg::process_running(pid), "postmaster {pid} still running");
+    pg::report(&format!(
+        "postgres {version}: harness ok, server_version_num {num}, binaries from {}",
+        kind.bin_dir().display()
+    ));
+}
+
+#[test]
+fn pg14_lifecycle() {
+    lifecycle(PgKind::V14);
 }
 
 #[test]
@@ -111,8 +135,33 @@ fn pg15_lifecycle() {
 }
 
 #[test]
+fn pg16_lifecycle() {
+    lifecycle(PgKind::V16);
+}
+
+#[test]
+fn pg17_lifecycle() {
+    lifecycle(PgKind::V17);
+}
+
+#[test]
 fn pg18_lifecycle() {
     lifecycle(PgKind::V18);
+}
+
+/// The env overrides and defaults of every supported version.
+#[test]
+fn every_version_has_its_bin_dir_and_override() {
+    let majors: Vec<u32> = PgKind::ALL.iter().map(|k| k.major()).collect();
+    assert_eq!(majors, [14, 15, 16, 17, 18]);
+    for k in PgKind::ALL {
+        assert_eq!(k.bin_env(), format!("PG{}_BIN", k.major()));
+        let from_env = std::env::var_os(k.bin_env()).filter(|v| !v.is_empty());
+        match from_env {
+            Some(v) => assert_eq!(k.bin_dir(), std::path::PathBuf::from(v)),
+            None => assert_eq!(k.bin_dir(), std::path::PathBuf::from(k.default_bin())),
+        }
+    }
 }
 
 #[test]

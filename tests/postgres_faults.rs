@@ -9,7 +9,8 @@
 //!   connection, `pgstorage_pg_up` goes to 0, reconnection after SIGCONT;
 //! - a role without pg_read_all_stats, which sees NULL wait events for other
 //!   roles' backends: counted in `pgstorage_pg_wait_hidden_backends`, no
-//!   query error, one warning; a pg_monitor role sees the waits.
+//!   query error, one warning; a pg_monitor role sees the waits. On every
+//!   supported version, 14 to 18 (the others on 18).
 //!
 //! Every test also checks from the server log (`log_statement = 'all'` for
 //! the exporter's roles) that the exporter ran nothing but SELECT and SET.
@@ -673,14 +674,34 @@ fn hidden_wait_events_are_counted(kind: PgKind) {
     drop(sleepers);
     let reads = assert_only_reads(pg, "blind") + assert_only_reads(pg, "mon");
     eprintln!("{reads} statements of the exporter, all SELECT or SET");
+    pg::report(&format!(
+        "postgres {}: hidden waits ok, plain role {base} hidden idle / {blind_hidden} with 3 sleepers, \
+         pg_monitor role 0 hidden, {reads} statements all SELECT or SET",
+        pg.version()
+    ));
 }
 
 #[test]
-fn hidden_wait_events_are_counted_18() {
-    hidden_wait_events_are_counted(PgKind::V18);
+fn hidden_wait_events_are_counted_14() {
+    hidden_wait_events_are_counted(PgKind::V14);
 }
 
 #[test]
 fn hidden_wait_events_are_counted_15() {
     hidden_wait_events_are_counted(PgKind::V15);
+}
+
+#[test]
+fn hidden_wait_events_are_counted_16() {
+    hidden_wait_events_are_counted(PgKind::V16);
+}
+
+#[test]
+fn hidden_wait_events_are_counted_17() {
+    hidden_wait_events_are_counted(PgKind::V17);
+}
+
+#[test]
+fn hidden_wait_events_are_counted_18() {
+    hidden_wait_events_are_counted(PgKind::V18);
 }

@@ -1,7 +1,10 @@
 //! SIGHUP reload, end to end on the real binary: a valid configuration is
 //! applied (volumes and clusters added, changed, removed, their files and
 //! series gone), an invalid one is refused with the running configuration
-//! kept, and both are logged and counted.
+//! kept, and both are logged and counted. A cluster added and removed by a
+//! reload, with the volume its discovery found, on every supported
+//! PostgreSQL version (14 to 18: discovery checks the data directory's
+//! PG_VERSION against the server's).
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -11,6 +14,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::pg::{self, PgKind};
 use common::stack::Stack;
 use common::*;
 
@@ -273,8 +277,7 @@ fn sighup_keeps_the_window_when_only_limits_change() {
 /// A cluster added by a reload is watched and its filesystem discovered; a
 /// reload that drops it closes the connection and removes the volume its
 /// discovery added, files and series. The PostgreSQL server is untouched.
-#[test]
-fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume() {
+fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume(kind: PgKind) {
     // The configured volume is on tmpfs, a different filesystem from the
     // cluster's, so discovery has a filesystem of its own to add.
     let shm = tempfile::Builder::new()
@@ -288,6 +291,7 @@ fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume() {
     );
     // No cluster yet: the reload adds it.
     let Some(mut stack) = Stack::builder()
+        .pg_version(kind)
         .password(MON_PASSWORD)
         .role("mon", true)
         .config(&base)
@@ -374,4 +378,33 @@ fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume() {
     ex.signal(libc::SIGTERM);
     assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
     assert!(!shm.path().join("pg-storage-exporter-probe").exists());
+    pg::report(&format!(
+        "postgres {}: reload ok, cluster added with its discovered volume c/data, removed with its files",
+        pg.version()
+    ));
+}
+
+#[test]
+fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume_14() {
+    sighup_adds_and_removes_a_cluster_with_its_discovered_volume(PgKind::V14);
+}
+
+#[test]
+fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume_15() {
+    sighup_adds_and_removes_a_cluster_with_its_discovered_volume(PgKind::V15);
+}
+
+#[test]
+fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume_16() {
+    sighup_adds_and_removes_a_cluster_with_its_discovered_volume(PgKind::V16);
+}
+
+#[test]
+fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume_17() {
+    sighup_adds_and_removes_a_cluster_with_its_discovered_volume(PgKind::V17);
+}
+
+#[test]
+fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume_18() {
+    sighup_adds_and_removes_a_cluster_with_its_discovered_volume(PgKind::V18);
 }

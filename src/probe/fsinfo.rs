@@ -73,7 +73,7 @@ pub fn lookup(path: &Path, roots: &Roots) -> FsInfo {
         ),
         None => ("unknown".to_string(), String::new(), PathBuf::new()),
     };
-    let device = std::fs::canonicalize(roots.sys.join("dev/block").join(&majmin))
+    let device = block_dir(&roots.sys, &majmin)
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| {
@@ -118,8 +118,7 @@ pub fn whole_disk(majmin: &str, source: &str, roots: &Roots) -> Result<Disk, Str
             }
         }
     }
-    let dir = std::fs::canonicalize(roots.sys.join("dev/block").join(&mm))
-        .map_err(|e| format!("{}: {e}", roots.sys.join("dev/block").join(&mm).display()))?;
+    let dir = block_dir(&roots.sys, &mm)?;
     let disk_dir = if dir.join("partition").exists() {
         dir.parent()
             .map(Path::to_path_buf)
@@ -135,6 +134,33 @@ pub fn whole_disk(majmin: &str, source: &str, roots: &Roots) -> Result<Disk, Str
         .map(|s| s.trim().to_string())
         .map_err(|e| format!("{}/dev: {e}", disk_dir.display()))?;
     Ok(Disk { name, majmin })
+}
+
+/// The sysfs directory of block device `majmin`: `/sys/dev/block/M:m`,
+/// or, where that directory is hidden, the entry of `/sys/class/block`
+/// whose `dev` reads `M:m`. Container engines hide `/sys/dev/block`
+/// (podman masks it by default) while `/sys/class/block` stays readable,
+/// and without the disk no IO limit of a sidecar's volume could be found.
+fn block_dir(sys: &Path, majmin: &str) -> Result<PathBuf, String> {
+    let direct = sys.join("dev/block").join(majmin);
+    let first = match std::fs::canonicalize(&direct) {
+        Ok(p) => return Ok(p),
+        Err(e) => format!("{}: {e}", direct.display()),
+    };
+    let class = sys.join("class/block");
+    let entries =
+        std::fs::read_dir(&class).map_err(|e| format!("{first}; {}: {e}", class.display()))?;
+    for entry in entries.flatten() {
+        let dev = std::fs::read_to_string(entry.path().join("dev")).unwrap_or_default();
+        if dev.trim() == majmin {
+            return std::fs::canonicalize(entry.path())
+                .map_err(|e| format!("{}: {e}", entry.path().display()));
+        }
+    }
+    Err(format!(
+        "{first}; no entry of {} has dev {majmin}",
+        class.display()
+    ))
 }
 
 fn unknown() -> FsInfo {
@@ -188,6 +214,38 @@ mod tests {
         assert_eq!(whole_disk("259:0", "/dev/nvme0n1", &roots), Ok(want));
         let e = whole_disk("0:45", "overlay", &roots).unwrap_err();
         assert!(e.contains("anonymous device 0:45"), "{e}");
+    }
+
+    #[test]
+    fn a_hidden_sys_dev_block_falls_back_to_sys_class_block() {
+        // As podman shows sysfs: /sys/dev/block empty, /sys/class/block
+        // symlinks into /sys/devices.
+        let sys = tempfile::tempdir().unwrap();
+        let disk = sys.path().join("devices/pci0/virtio3/block/vda");
+        std::fs::create_dir_all(disk.join("vda1")).unwrap();
+        std::fs::write(disk.join("dev"), "254:0\n").unwrap();
+        std::fs::write(disk.join("vda1/dev"), "254:1\n").unwrap();
+        std::fs::write(disk.join("vda1/partition"), "1\n").unwrap();
+        std::fs::create_dir_all(sys.path().join("dev/block")).unwrap();
+        std::fs::create_dir_all(sys.path().join("class/block")).unwrap();
+        std::os::unix::fs::symlink(&disk, sys.path().join("class/block/vda")).unwrap();
+        std::os::unix::fs::symlink(disk.join("vda1"), sys.path().join("class/block/vda1")).unwrap();
+        let roots = Roots {
+            proc: PathBuf::from("/proc"),
+            sys: sys.path().to_path_buf(),
+        };
+        assert_eq!(
+            whole_disk("254:1", "/dev/vda1", &roots),
+            Ok(Disk {
+                name: "vda".into(),
+                majmin: "254:0".into(),
+            })
+        );
+        let e = whole_disk("8:0", "/dev/sda", &roots).unwrap_err();
+        assert!(
+            e.contains("no entry of") && e.contains("has dev 8:0"),
+            "{e}"
+        );
     }
 
     #[test]

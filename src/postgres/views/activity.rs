@@ -3,9 +3,11 @@
 //! the totals approach backend-seconds spent in each wait event.
 //!
 //! Names are PostgreSQL's own and differ across versions: 17 renamed many
-//! IO and IPC events to CamelCase (`WALSync` → `WalSync`, `WALWrite` →
-//! `WalWrite`, `WALInitSync` → `WalInitSync`, ...), and 17+ lets extensions
-//! define their own `Extension` events. Labels are exported as the server
+//! IO and IPC events to CamelCase (IO `WALSync` → `WalSync`, `WALWrite` →
+//! `WalWrite`, `WALInitSync` → `WalInitSync`, ...) but no LWLock: the lock
+//! `LWLock:WALWrite` keeps its name, so `WALWrite` on 17+ is the lock, not
+//! the IO event (tests/postgres.rs checks both on real servers). 17+ lets
+//! extensions define their own `Extension` events. Labels are exported as the server
 //! reports them; dashboards should match both spellings
 //! (`wait_event=~"WALSync|WalSync"`). The label set is bounded: unknown
 //! types become `Other`, and past [`MAX_EVENTS`] distinct events the rest
@@ -37,7 +39,7 @@ pub struct WaitSample {
 /// its own sessions: for every other backend, background processes
 /// included, pg_stat_activity shows the pid, the user and
 /// `<insufficient privilege>` as the query, and NULL in backend_type,
-/// state, wait_event_type and wait_event (checked on 15 and 18). Those rows
+/// state, wait_event_type and wait_event (checked on 14 to 18). Those rows
 /// are counted as hidden rather than dropped by `wait_event IS NOT NULL`, so
 /// that "nobody waits" and "cannot see who waits" differ. backend_type is
 /// never NULL for a backend the role may see, so it is the marker; in the
@@ -218,6 +220,26 @@ mod tests {
         assert_eq!(w.seconds[&("IO".into(), "WalSync".into())], 3.0 + 1.0 + 2.0);
         assert_eq!(w.seconds[&("IO".into(), "DataFileRead".into())], 2.0);
         assert_eq!(w.now["IO"], 1);
+    }
+
+    #[test]
+    fn the_lwlock_and_the_io_event_named_wal_write_stay_apart() {
+        // 17+: IO:WalWrite is the write, LWLock:WALWrite the queue behind
+        // it; up to 16 the write is IO:WALWrite. No name is rewritten.
+        let mut w = WaitTotals::default();
+        w.add(
+            Instant::now(),
+            Duration::from_secs(1),
+            &[
+                row("IO", "WalWrite", 1),
+                row("LWLock", "WALWrite", 2),
+                row("IO", "WALWrite", 3),
+            ],
+        );
+        assert_eq!(w.seconds[&("IO".into(), "WalWrite".into())], 1.0);
+        assert_eq!(w.seconds[&("LWLock".into(), "WALWrite".into())], 2.0);
+        assert_eq!(w.seconds[&("IO".into(), "WALWrite".into())], 3.0);
+        assert_eq!((w.now["IO"], w.now["LWLock"]), (4, 2));
     }
 
     #[test]

@@ -84,6 +84,105 @@ pub struct Report {
     pub sweep: Option<Vec<DepthPoint>>,
     /// Read IOPS plateau found by the sweep.
     pub sweep_plateau_read_iops: Option<f64>,
+    /// The storage-configuration audit of this volume and its host.
+    pub audit: AuditReport,
+}
+
+/// The audit as `check` prints it: the volume's findings and the host's.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditReport {
+    pub path: PathBuf,
+    pub volume: crate::audit::Outcome,
+    pub host: crate::audit::Outcome,
+    /// With `--pg.dsn`: the cluster's findings.
+    pub cluster: Option<crate::audit::Outcome>,
+    /// Files that exist but could not be read or parsed.
+    pub read_errors: Vec<String>,
+}
+
+/// Audits the volume holding `path` and the host, from /proc and /sys.
+/// `sync_too_fast` is the probe's evidence, `None` without a probe run.
+pub fn audit(path: &Path, sync_too_fast: Option<bool>) -> AuditReport {
+    let roots = Roots::default();
+    let fs = fsinfo::lookup(path, &roots);
+    let disk = fs.disk.map(|d| d.name);
+    let (host_facts, mut errors) = crate::audit::read::host(&roots.proc, &roots.sys);
+    let (volume_facts, e) = crate::audit::read::volume(
+        &roots.proc,
+        &roots.sys,
+        path,
+        disk.as_deref(),
+        sync_too_fast,
+    );
+    errors.0.extend(e.0);
+    AuditReport {
+        path: path.to_path_buf(),
+        volume: crate::audit::evaluate_volume(&volume_facts),
+        host: crate::audit::evaluate_host(&host_facts),
+        cluster: None,
+        read_errors: errors.0,
+    }
+}
+
+/// `check --audit-only`: the audit without any probe, in well under a
+/// second.
+pub fn audit_only(path: &Path) -> anyhow::Result<AuditReport> {
+    let path = std::fs::canonicalize(path).with_context(|| format!("path {}", path.display()))?;
+    Ok(audit(&path, None))
+}
+
+pub fn render_audit_text(a: &AuditReport) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let findings: Vec<_> = a
+        .volume
+        .findings
+        .iter()
+        .map(|f| ("volume", f))
+        .chain(a.host.findings.iter().map(|f| ("host", f)))
+        .chain(
+            a.cluster
+                .iter()
+                .flat_map(|c| &c.findings)
+                .map(|f| ("cluster", f)),
+        )
+        .collect();
+    let cluster = |f: fn(&crate::audit::Outcome) -> u32| a.cluster.as_ref().map_or(0, f);
+    let checked = a.volume.checked + a.host.checked + cluster(|c| c.checked);
+    let skipped = a.volume.skipped + a.host.skipped + cluster(|c| c.skipped);
+    if findings.is_empty() {
+        let _ = writeln!(
+            o,
+            "audit: no findings ({checked} checks, {skipped} skipped for lack of facts)"
+        );
+    } else {
+        let _ = writeln!(
+            o,
+            "audit: {} finding(s) ({checked} checks, {skipped} skipped for lack of facts)",
+            findings.len()
+        );
+    }
+    for (scope, f) in findings {
+        let _ = writeln!(
+            o,
+            "  {} [{}] ({scope}) {}",
+            f.severity.as_str().to_uppercase(),
+            f.code,
+            f.message
+        );
+        let _ = writeln!(o, "      evidence: {}", f.evidence);
+        let _ = writeln!(o, "      fix: {}", f.fix);
+    }
+    for e in &a.read_errors {
+        let _ = writeln!(o, "  could not read {e}");
+    }
+    o
+}
+
+pub fn render_audit_json(a: &AuditReport) -> anyhow::Result<String> {
+    serde_json::to_string_pretty(a)
+        .map(|s| s + "\n")
+        .context("encoding JSON")
 }
 
 fn new_hist() -> anyhow::Result<Histogram<u64>> {
@@ -162,6 +261,12 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         cache_served_reads: m.cache_served,
     };
     let warnings = verdict::warnings(&observed);
+    let fast = warnings.iter().any(|w| w.code == "sync_too_fast");
+    // Without a commit probe there is no evidence either way.
+    let audit = audit(
+        &path,
+        (opts.commit && observed.commit.is_some()).then_some(fast),
+    );
     let commit = observed.commit;
     Ok(Report {
         path,
@@ -188,6 +293,7 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         interrupted: crate::sys::interrupted(),
         sweep_plateau_read_iops: m.sweep.as_deref().and_then(crate::model::plateau::detect),
         sweep: m.sweep,
+        audit,
     })
 }
 
@@ -534,6 +640,7 @@ pub fn render_text(r: &Report) -> String {
             let _ = writeln!(o, "  ! [{}] {}", w.code, w.message);
         }
     }
+    o.push_str(&render_audit_text(&r.audit));
     o
 }
 

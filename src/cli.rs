@@ -291,6 +291,17 @@ pub struct CheckArgs {
     /// without a value; off when not given).
     #[arg(long = "sweep", value_parser = parse_duration, value_name = "DURATION", num_args = 0..=1, default_missing_value = "8s")]
     pub sweep: Option<Duration>,
+
+    /// Print only the storage-configuration audit of PATH's volume and the
+    /// host (mount options, device queue, kernel settings), without
+    /// running any probe.
+    #[arg(long = "audit-only")]
+    pub audit_only: bool,
+
+    /// Also audit this PostgreSQL cluster's settings and checkpoints over a
+    /// read-only session (libpq connection string or postgresql:// URL).
+    #[arg(long = "pg.dsn", value_name = "DSN")]
+    pub pg_dsn: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]

@@ -6,6 +6,7 @@
 #![deny(unsafe_code)]
 
 pub mod app;
+pub mod audit;
 pub mod check;
 pub mod cli;
 pub mod config;

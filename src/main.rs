@@ -37,13 +37,44 @@ fn main() -> ExitCode {
                 eprintln!("pg-storage-exporter check: --sweep {d:?}: out of range, use 1s to 5m");
                 return ExitCode::from(2);
             }
-            let report = match check::run(&opts) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("pg-storage-exporter check: {}", chain(&e));
-                    return ExitCode::from(1);
+            // The cluster's findings, from a read-only session: the check
+            // module itself never talks to PostgreSQL.
+            let cluster_audit = |r: &mut check::AuditReport| -> anyhow::Result<()> {
+                if let Some(dsn) = &a.pg_dsn {
+                    let (host, _) = pg_storage_exporter::audit::read::host(
+                        std::path::Path::new("/proc"),
+                        std::path::Path::new("/sys"),
+                    );
+                    r.cluster = Some(pg_storage_exporter::app::audit::check_cluster(dsn, &host)?);
                 }
+                Ok(())
             };
+            if a.audit_only {
+                let out = check::audit_only(&a.path)
+                    .and_then(|mut r| cluster_audit(&mut r).map(|()| r))
+                    .and_then(|r| match a.format {
+                        OutputFormat::Text => Ok(check::render_audit_text(&r)),
+                        OutputFormat::Json => check::render_audit_json(&r),
+                    });
+                return match out {
+                    Ok(s) => {
+                        print!("{s}");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("pg-storage-exporter check: {}", chain(&e));
+                        ExitCode::from(1)
+                    }
+                };
+            }
+            let report =
+                match check::run(&opts).and_then(|mut r| cluster_audit(&mut r.audit).map(|()| r)) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        eprintln!("pg-storage-exporter check: {}", chain(&e));
+                        return ExitCode::from(1);
+                    }
+                };
             let out = match a.format {
                 OutputFormat::Text => Ok(check::render_text(&report)),
                 OutputFormat::Json => check::render_json(&report),

@@ -20,6 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("families", &[]),
     ("sys", &[]),
     ("events", &[]),
+    ("audit", &[]),
     ("model", &["types", "units"]),
     ("probe", &["model", "types", "units", "events", "sys"]),
     (
@@ -33,7 +34,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "exposition",
         &[
-            "families", "model", "types", "units", "probe", "postgres", "limits",
+            "families", "model", "types", "units", "probe", "postgres", "limits", "audit",
         ],
     ),
     (
@@ -51,14 +52,20 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "config",
-        &["model", "types", "units", "probe", "postgres", "limits"],
+        &[
+            "model", "types", "units", "probe", "postgres", "limits", "audit",
+        ],
     ),
-    ("check", &["model", "types", "units", "probe", "sys"]),
+    (
+        "check",
+        &["model", "types", "units", "probe", "sys", "audit"],
+    ),
     ("cli", &["types", "units"]),
     ("logging", &["cli"]),
     (
         "app",
         &[
+            "audit",
             "config",
             "exposition",
             "families",

@@ -839,3 +839,62 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
     drop(prom);
     drop(stack);
 }
+
+/// The storage audit's critical alert in a real Prometheus with the real
+/// rule files: a volume on tmpfs gives a `memory_filesystem` finding, and
+/// PgStorageAuditCritical goes pending on it (it fires after its `for` of
+/// 5 minutes, which `promtool test rules` covers on synthetic series).
+#[test]
+fn audit_critical_alert_goes_pending_on_a_tmpfs_volume() {
+    let on_tmpfs = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" /dev/shm ") && l.contains(" - tmpfs "));
+    if !on_tmpfs {
+        assert!(!common::ci(), "/dev/shm is not a tmpfs on this CI machine");
+        eprintln!("SKIPPED: /dev/shm is not a tmpfs here");
+        return;
+    }
+    let vol = tempfile::tempdir_in("/dev/shm").unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let cfg = work.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[volume]]\nname = \"scratch\"\npath = \"{}\"\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n",
+            vol.path().display()
+        ),
+    )
+    .unwrap();
+    let ex = common::Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("an audit pass", Duration::from_secs(30), |m| {
+        m.contains("pgstorage_audit_finding{code=\"memory_filesystem\"")
+    });
+    let prom = Prometheus::start(ex.addr);
+    let alerts =
+        r#"ALERTS{alertname="PgStorageAuditCritical", code="memory_filesystem", volume="scratch"}"#;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = prom.query(alerts).unwrap();
+        if let Some(a) = got.first() {
+            eprintln!("{a}");
+            assert_eq!(a["metric"]["alertstate"], "pending", "{a}");
+            assert_eq!(a["metric"]["severity"], "critical", "{a}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "PgStorageAuditCritical not pending within 60 s; {}",
+            prom.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // The expression alone returns the finding with its labels.
+    let rows = prom.query(&alert_expr("PgStorageAuditCritical")).unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r["metric"]["volume"] == "scratch"
+                && r["metric"]["code"] == "memory_filesystem"),
+        "{rows:?}"
+    );
+}

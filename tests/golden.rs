@@ -107,8 +107,14 @@ fn normalize(line: &str) -> Option<String> {
 
 /// Series that exist or not depending on what the device did: a read-IOPS
 /// plateau is only reported when this run's sweep happened to show one.
+/// Likewise the audit's findings, which are about the machine's own
+/// kernel settings and mounts (the family's TYPE line is still compared),
+/// and whether the first audit pass saw the cluster and its discovered
+/// volumes depends on timing.
 fn depends_on_the_device(series: &str) -> bool {
     series.contains("source=\"detected\"")
+        || series.starts_with("pgstorage_audit_finding{")
+        || series.starts_with("pgstorage_audit_evaluated_checks{")
 }
 
 fn series_set(scrape: &str) -> BTreeSet<String> {

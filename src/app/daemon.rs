@@ -148,6 +148,7 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         volumes.clone(),
         clusters,
         limits,
+        metrics.audit(),
         shutdown_timeout.clone(),
     );
     sup.start().await?;

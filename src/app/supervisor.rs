@@ -57,6 +57,8 @@ pub struct Supervisor {
     limits_state: Arc<LimitsState>,
     cluster_tasks: HashMap<String, ClusterTask>,
     limits_task: Option<JoinHandle<()>>,
+    audit_state: Arc<crate::audit::AuditState>,
+    audit_task: Option<JoinHandle<()>>,
     shutdown_timeout: Arc<AtomicU64>,
 }
 
@@ -215,6 +217,7 @@ impl Supervisor {
         volumes: Arc<VolumeSet>,
         clusters: Arc<ClusterSet>,
         limits_state: Arc<LimitsState>,
+        audit_state: Arc<crate::audit::AuditState>,
         shutdown_timeout: Arc<AtomicU64>,
     ) -> Supervisor {
         Supervisor {
@@ -224,6 +227,8 @@ impl Supervisor {
             limits_state,
             cluster_tasks: HashMap::new(),
             limits_task: None,
+            audit_state,
+            audit_task: None,
             shutdown_timeout,
         }
     }
@@ -249,7 +254,28 @@ impl Supervisor {
             self.start_cluster(&c);
         }
         self.start_limits();
+        self.start_audit();
         Ok(())
+    }
+
+    /// (Re)starts the audit task, whose first pass runs at once: after a
+    /// SIGHUP the findings follow the new configuration and the host's
+    /// current settings without waiting a whole `audit_interval`.
+    fn start_audit(&mut self) {
+        if let Some(t) = self.audit_task.take() {
+            t.abort();
+        }
+        let inputs = super::audit::AuditInputs {
+            settings: self.cfg.audit.clone(),
+            proc_root: self.cfg.limits.proc_root.clone(),
+            sys_root: self.cfg.limits.sys_root.clone(),
+            volumes: self.volumes.clone(),
+            clusters: self.clusters.clone(),
+        };
+        self.audit_task = Some(tokio::spawn(super::audit::run(
+            inputs,
+            self.audit_state.clone(),
+        )));
     }
 
     fn start_cluster(&mut self, c: &ClusterConfig) {
@@ -495,6 +521,7 @@ impl Supervisor {
         if limits_changed {
             self.start_limits();
         }
+        self.start_audit();
         if let Some(sec) = security {
             if let (Some(tx), Some(cfg)) = (&web.tls, sec.tls) {
                 tx.send_replace(cfg);

@@ -45,7 +45,49 @@ pub struct Config {
     /// `--collector.*` / `--no-collector.*`: fixed at start (flags are not
     /// read again on reload).
     pub collectors: Collectors,
+    pub audit: AuditSettings,
 }
+
+/// The storage-configuration audit's schedule and silenced codes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditSettings {
+    pub interval: Duration,
+    /// `[audit] ignore`: silenced everywhere, host findings included.
+    pub ignore: Vec<String>,
+    /// `audit.ignore` of each `[[volume]]`, by volume name.
+    pub volumes: std::collections::BTreeMap<String, Vec<String>>,
+    /// `audit.ignore` of each `[[cluster]]`, by cluster name.
+    pub clusters: std::collections::BTreeMap<String, Vec<String>>,
+}
+
+impl Default for AuditSettings {
+    fn default() -> Self {
+        AuditSettings {
+            interval: DEFAULT_AUDIT_INTERVAL,
+            ignore: Vec::new(),
+            volumes: Default::default(),
+            clusters: Default::default(),
+        }
+    }
+}
+
+impl AuditSettings {
+    /// The codes silenced for a volume: its own list and the global one.
+    pub fn for_volume(&self, name: &str) -> Vec<String> {
+        let mut v = self.ignore.clone();
+        v.extend(self.volumes.get(name).into_iter().flatten().cloned());
+        v
+    }
+
+    pub fn for_cluster(&self, name: &str) -> Vec<String> {
+        let mut v = self.ignore.clone();
+        v.extend(self.clusters.get(name).into_iter().flatten().cloned());
+        v
+    }
+}
+
+/// Slow on purpose: the configuration it reads changes by hand, rarely.
+pub const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_secs(5 * 60);
 
 pub const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(10);
@@ -330,6 +372,47 @@ pub fn build(
             .map(|p| absolute(p.get_ref()))
             .unwrap_or_else(|| PathBuf::from("/sys")),
     };
+    // An unknown code in an ignore list is refused rather than silently
+    // ignoring nothing: a typo would otherwise keep paging.
+    let ignore_list =
+        |a: &Option<raw::RawAudit>, key: String| -> Result<Vec<String>, ConfigError> {
+            let mut out = Vec::new();
+            for code in a.iter().flat_map(|a| &a.ignore) {
+                if crate::audit::check(code.get_ref()).is_none() {
+                    return Err(invalid(
+                        at(Some(code.span())),
+                        &key,
+                        format!(
+                            "unknown audit code {:?}; the codes are listed in docs/audit.md",
+                            code.get_ref()
+                        ),
+                    ));
+                }
+                out.push(code.get_ref().clone());
+            }
+            Ok(out)
+        };
+    let mut audit = AuditSettings {
+        interval: top(
+            &raw.audit_interval,
+            Knob::AuditInterval,
+            DEFAULT_AUDIT_INTERVAL,
+        )?,
+        ignore: ignore_list(&raw.audit, "audit.ignore".to_string())?,
+        ..AuditSettings::default()
+    };
+    for (i, v) in raw.volume.iter().enumerate() {
+        let codes = ignore_list(&v.audit, format!("volume[{i}].audit.ignore"))?;
+        if !codes.is_empty() {
+            audit.volumes.insert(v.name.get_ref().clone(), codes);
+        }
+    }
+    for (i, c) in raw.cluster.iter().enumerate() {
+        let codes = ignore_list(&c.audit, format!("cluster[{i}].audit.ignore"))?;
+        if !codes.is_empty() {
+            audit.clusters.insert(c.name.get_ref().clone(), codes);
+        }
+    }
     // --no-collector.probes: everything above is still validated (a
     // mistake in the file is reported now, not when probes are turned on
     // again), then nothing is probed.
@@ -344,6 +427,7 @@ pub fn build(
         volume_defaults,
         limits,
         collectors: flags.collectors,
+        audit,
     })
 }
 

@@ -37,6 +37,18 @@ pub struct RawConfig {
     pub proc_root: Option<Sp<PathBuf>>,
     /// sysfs mount point.
     pub sys_root: Option<Sp<PathBuf>>,
+    /// How often the storage-configuration audit runs.
+    pub audit_interval: Option<Sp<HumanDuration>>,
+    /// `[audit]`: audit codes silenced everywhere (host findings included).
+    pub audit: Option<RawAudit>,
+}
+
+/// `audit.ignore = ["code", ...]` at the top, in a volume or a cluster.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    #[serde(default)]
+    pub ignore: Vec<Sp<String>>,
 }
 
 /// One `[[cluster]]` table.
@@ -53,6 +65,8 @@ pub struct RawCluster {
     pub wait_sampling_interval: Option<Sp<HumanDuration>>,
     pub statement_timeout: Option<Sp<HumanDuration>>,
     pub discover_volumes: Option<Sp<bool>>,
+    /// Audit codes silenced for this cluster.
+    pub audit: Option<RawAudit>,
 }
 
 /// `[defaults]`: the per-volume settings, without identity.
@@ -104,6 +118,8 @@ pub struct RawVolume {
     pub provisioned_throughput: Option<Sp<ByteSize>>,
     pub provisioned_read_throughput: Option<Sp<ByteSize>>,
     pub provisioned_write_throughput: Option<Sp<ByteSize>>,
+    /// Audit codes silenced for this volume.
+    pub audit: Option<RawAudit>,
 }
 
 impl RawVolume {

@@ -399,3 +399,49 @@ fn probe_flags_are_checked_and_applied_for_discovered_volumes_too() {
     assert_eq!(c.volume_defaults.interval, Duration::from_millis(250));
     assert_eq!(c.volume_defaults.engine, EngineChoice::Sync);
 }
+
+#[test]
+fn audit_interval_and_ignore_lists() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().display().to_string();
+    let text = format!(
+        "audit_interval = \"10m\"\n[audit]\nignore = [\"swappiness_high\"]\n\
+         [[volume]]\nname = \"v\"\npath = \"{p}\"\naudit.ignore = [\"atime\", \"read_ahead_large\"]\n\
+         [[cluster]]\nname = \"c\"\ndsn = \"host=/run/postgresql\"\naudit = {{ ignore = [\"wal_compression_off\"] }}\n"
+    );
+    let cfg = parse_str(&text).unwrap();
+    assert_eq!(cfg.audit.interval, Duration::from_secs(600));
+    assert_eq!(
+        cfg.audit.for_volume("v"),
+        ["swappiness_high", "atime", "read_ahead_large"]
+    );
+    assert_eq!(
+        cfg.audit.for_cluster("c"),
+        ["swappiness_high", "wal_compression_off"]
+    );
+    assert_eq!(cfg.audit.for_volume("c/data"), ["swappiness_high"]);
+    // The default, and the key named in each refusal.
+    let cfg = parse_str(&format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n")).unwrap();
+    assert_eq!(cfg.audit.interval, Duration::from_secs(300));
+    for (text, want) in [
+        (
+            "audit_interval = \"100ms\"\n".to_string(),
+            ":1: audit_interval: ",
+        ),
+        (
+            "[audit]\nignore = [\"fsync\"]\n".to_string(),
+            ":2: audit.ignore: unknown audit code \"fsync\"",
+        ),
+        (
+            "[[cluster]]\nname = \"c\"\ndsn = \"host=/run/postgresql\"\naudit.ignore = [\"nope\"]\n".to_string(),
+            ":4: cluster[0].audit.ignore: unknown audit code \"nope\"",
+        ),
+        (
+            "[audit]\nignor = []\n".to_string(),
+            "audit.ignor: unknown field `ignor`",
+        ),
+    ] {
+        let e = parse_str(&text).unwrap_err().to_string();
+        assert!(e.contains(want), "{text}: {e}");
+    }
+}

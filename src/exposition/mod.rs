@@ -11,6 +11,7 @@
 //! histograms ([`histogram`]; their constant bucket labels are formatted
 //! once instead of on every line of every scrape).
 
+pub mod audit;
 pub mod config;
 pub mod derived;
 pub mod health;
@@ -68,6 +69,7 @@ pub struct Metrics {
     volumes: Arc<VolumeSet>,
     clusters: Arc<ClusterSet>,
     limits: Arc<LimitsState>,
+    audit: Arc<crate::audit::AuditState>,
     config: config::ConfigMetrics,
     /// Which probe ops are exposed: `probes.split` adds write and sync.
     ops: &'static [Op],
@@ -82,6 +84,7 @@ pub struct ScrapeSnapshot {
     pub volumes: Vec<(Arc<VolumeState>, Snapshot)>,
     pub clusters: Vec<ClusterSnapshot>,
     pub limits: LimitsSnapshot,
+    pub audit: crate::audit::AuditSnapshot,
 }
 
 impl Metrics {
@@ -100,10 +103,16 @@ impl Metrics {
             volumes,
             clusters,
             limits,
+            audit: Default::default(),
             config,
             ops: exposed_ops(collectors),
             last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
         }
+    }
+
+    /// The audit's results, which the daemon's audit task writes.
+    pub fn audit(&self) -> Arc<crate::audit::AuditState> {
+        self.audit.clone()
     }
 
     pub fn config(&self) -> config::ConfigMetrics {
@@ -131,10 +140,20 @@ impl Metrics {
                 .collect::<Vec<_>>(),
             &clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
         );
+        let mut audit = self.audit.snapshot();
+        // Like the limits: a volume or cluster removed by a reload loses
+        // its findings at once, not at the next audit pass.
+        if let Some(r) = audit.last.as_mut() {
+            r.volumes
+                .retain(|(n, _)| volumes.iter().any(|(v, _)| &v.name == n));
+            r.clusters
+                .retain(|(n, _)| clusters.iter().any(|c| &c.name == n));
+        }
         ScrapeSnapshot {
             volumes,
             clusters,
             limits,
+            audit,
         }
     }
 
@@ -177,6 +196,7 @@ impl Collector for Scrape {
         derived::encode(&mut enc, &s.volumes, &s.clusters, &s.limits, self.1)?;
         crate::postgres::views::encode(&mut enc, &s.clusters)?;
         limits::encode(&mut enc, &s.limits)?;
+        audit::encode(&mut enc, &s.audit)?;
         health::encode(&mut enc, s)
     }
 }

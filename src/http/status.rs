@@ -718,6 +718,7 @@ mod tests {
             volumes: vec![(v, s)],
             clusters: Vec::new(),
             limits,
+            audit: Default::default(),
         };
         let html = render(&snap, "/metrics", 0.0);
         assert!(
@@ -763,6 +764,7 @@ mod tests {
                 ..Default::default()
             }],
             limits: LimitsSnapshot::default(),
+            audit: Default::default(),
         };
         let html = render(&snap, "/metrics", 160.0);
         assert!(html.contains("No volume is probed"), "{html}");

@@ -168,6 +168,7 @@ pub enum Knob {
     ScrapeInterval,
     WaitSamplingInterval,
     StatementTimeout,
+    AuditInterval,
 }
 
 /// The allowed values of one knob.
@@ -278,6 +279,17 @@ pub const RANGES: &[Range] = &[
         key: "limits_interval",
         min: 200 * MS,
         max: 600 * S,
+        zero_is_off: false,
+        below: "",
+        above: "",
+    },
+    Range {
+        // The audit reads a few dozen small files and pg_settings rows;
+        // a second is short enough for tests, a day long enough for anyone.
+        knob: Knob::AuditInterval,
+        key: "audit_interval",
+        min: S,
+        max: 86_400 * S,
         zero_is_off: false,
         below: "",
         above: "",
@@ -419,6 +431,7 @@ mod tests {
             ScrapeInterval,
             WaitSamplingInterval,
             StatementTimeout,
+            AuditInterval,
         ] {
             assert_eq!(RANGES.iter().filter(|r| r.knob == k).count(), 1, "{k:?}");
         }

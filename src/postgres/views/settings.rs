@@ -17,6 +17,10 @@ pub struct Setting {
     /// In base units (bytes, seconds), booleans as 0/1; `None` for enums
     /// and strings.
     pub numeric: Option<f64>,
+    /// Where the value comes from (`default`, `configuration file`, ...).
+    pub source: String,
+    /// Changed in the configuration but waiting for a restart.
+    pub pending_restart: bool,
 }
 
 /// Settings that decide how PostgreSQL does IO. data_directory and port
@@ -37,14 +41,39 @@ pub const SETTINGS: &[&str] = &[
     "wal_buffers",
     "data_directory",
     "port",
+    // Read for the storage-configuration audit only, not exported.
+    "huge_pages",
+    "shared_memory_size_in_huge_pages",
+    "random_page_cost",
+    "effective_io_concurrency",
 ];
 
-const SQL: &str =
-    "SELECT name, setting, unit, vartype FROM pg_settings WHERE name = ANY($1) ORDER BY name";
+/// Settings exported as values: the IO settings, not the paths and not
+/// what only the audit reads.
+const EXPORTED: &[&str] = &[
+    "wal_sync_method",
+    "synchronous_commit",
+    "fsync",
+    "full_page_writes",
+    "wal_compression",
+    "track_io_timing",
+    "track_wal_io_timing",
+    "shared_buffers",
+    "io_method",
+    "commit_delay",
+    "commit_siblings",
+    "max_wal_size",
+    "wal_buffers",
+];
 
-/// Settings exported as values: everything but the paths.
+/// Rows with `pending_restart` come too, whatever their name: the audit
+/// reports every setting waiting for a restart.
+const SQL: &str = "SELECT name, setting, unit, vartype, source, pending_restart FROM pg_settings \
+     WHERE name = ANY($1) OR pending_restart ORDER BY name";
+
+/// Settings exported as values.
 pub fn exported_setting(name: &str) -> bool {
-    name != "data_directory" && name != "port"
+    EXPORTED.contains(&name)
 }
 
 /// Converts a pg_settings value to base units.
@@ -93,10 +122,14 @@ pub async fn read(c: Db<'_>) -> QResult<Vec<Setting>> {
                 unit
             };
             let numeric = numeric_setting(&value, unit.as_deref(), &vartype);
+            let source: Option<String> = r.try_get(4).ok()?;
+            let pending_restart: Option<bool> = r.try_get(5).ok()?;
             Some(Setting {
                 name,
                 value,
                 numeric,
+                source: source.unwrap_or_default(),
+                pending_restart: pending_restart.unwrap_or(false),
             })
         })
         .collect())
@@ -187,6 +220,8 @@ mod tests {
             name: name.into(),
             value: value.into(),
             numeric,
+            source: "default".into(),
+            pending_restart: false,
         }
     }
 

@@ -1,0 +1,250 @@
+//! The daemon's side of the storage-configuration audit: every
+//! `audit_interval` (and at once after a start or reload) it gathers the
+//! host and volume facts on a blocking thread, builds each cluster's facts
+//! from what its collector last read, evaluates and stores the report.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use crate::audit::{self, AuditState, ClusterFacts, PgSetting, Report, VolumeFacts};
+use crate::config::AuditSettings;
+use crate::model::verdict::SUSPICIOUS_SYNC_SECONDS;
+use crate::postgres::{ClusterSet, ClusterSnapshot};
+use crate::probe::set::VolumeSet;
+use crate::types::{Op, Phase, series};
+
+/// What one pass needs; cheap to clone into the blocking thread.
+#[derive(Debug, Clone)]
+pub struct AuditInputs {
+    pub settings: AuditSettings,
+    pub proc_root: PathBuf,
+    pub sys_root: PathBuf,
+    pub volumes: Arc<VolumeSet>,
+    pub clusters: Arc<ClusterSet>,
+}
+
+/// How soon to look again while a cluster has not been read yet, and once
+/// after it has (its discovered volumes arrive just after): otherwise a
+/// cluster's findings would wait a whole `audit_interval` after a start.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+pub async fn run(inputs: AuditInputs, state: Arc<AuditState>) {
+    let interval = inputs.settings.interval;
+    let mut settle_once_more = true;
+    loop {
+        let i = inputs.clone();
+        // Reading /sys and stat()ing a volume can hang on a dead network
+        // filesystem: never on an async worker.
+        let mut wait = interval;
+        match tokio::task::spawn_blocking(move || {
+            let watched = i.clusters.snapshots().len();
+            let report = pass(&i);
+            let unread = watched.saturating_sub(report.clusters.len());
+            (report, unread)
+        })
+        .await
+        {
+            Ok((report, unread)) => {
+                let now = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or(0.0);
+                if !report.read_errors.is_empty() {
+                    tracing::warn!(errors = ?report.read_errors, "audit: some files could not be read");
+                }
+                state.record(report, now);
+                // A cluster that stays down keeps this at SETTLE: a few
+                // dozen small file reads every 10 s, nothing on the server.
+                if unread > 0 {
+                    wait = SETTLE.min(interval);
+                    settle_once_more = true;
+                } else if settle_once_more {
+                    wait = SETTLE.min(interval);
+                    settle_once_more = false;
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "audit pass failed"),
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The probe's evidence of a sync faster than stable media: the median of
+/// the durable step (the sync call, or the commit for O_DSYNC methods).
+fn sync_too_fast(v: &crate::probe::state::VolumeState) -> Option<bool> {
+    let snap = v.snapshot(Instant::now(), &[0.5]);
+    let p50 = |op| {
+        snap.quantiles[series(op, Phase::AfterIdle)]
+            .as_ref()
+            .and_then(|q| q.first().copied())
+    };
+    let durable = if v.sync_method.has_sync_call() {
+        p50(Op::Sync).or_else(|| p50(Op::Commit))
+    } else {
+        p50(Op::Commit)
+    };
+    durable.map(|s| s < SUSPICIOUS_SYNC_SECONDS)
+}
+
+/// One pass: blocking reads, then pure evaluation.
+pub fn pass(i: &AuditInputs) -> Report {
+    let (host_facts, mut errors) = audit::read::host(&i.proc_root, &i.sys_root);
+    let mut host = audit::evaluate_host(&host_facts);
+    host.ignore(&i.settings.ignore);
+    let mut volume_facts: Vec<(String, VolumeFacts)> = Vec::new();
+    let mut volumes = Vec::new();
+    for v in i.volumes.list() {
+        let disk = v.snapshot(Instant::now(), &[]).fs.disk.map(|d| d.name);
+        let (facts, e) = audit::read::volume(
+            &i.proc_root,
+            &i.sys_root,
+            &v.path,
+            disk.as_deref(),
+            sync_too_fast(&v),
+        );
+        errors.0.extend(e.0);
+        let mut o = audit::evaluate_volume(&facts);
+        o.ignore(&i.settings.for_volume(&v.name));
+        volumes.push((v.name.clone(), o));
+        volume_facts.push((v.name.clone(), facts));
+    }
+    let mut clusters = Vec::new();
+    for c in i.clusters.snapshots() {
+        // Not connected yet, or lost: nothing read, nothing checked.
+        let Some(facts) = cluster_facts(&c, &volume_facts, host_facts.hugepages_total) else {
+            continue;
+        };
+        let mut o = audit::evaluate_cluster(&facts);
+        o.ignore(&i.settings.for_cluster(&c.name));
+        clusters.push((c.name.clone(), o));
+    }
+    Report {
+        host,
+        volumes,
+        clusters,
+        read_errors: errors.0,
+    }
+}
+
+pub fn cluster_facts(
+    c: &ClusterSnapshot,
+    volumes: &[(String, VolumeFacts)],
+    hugepages_total: Option<u64>,
+) -> Option<ClusterFacts> {
+    let stats = c.stats.as_ref()?;
+    let role = |r: &str| {
+        c.volumes
+            .iter()
+            .find(|(_, role)| role == r)
+            .map(|(v, _)| v.clone())
+    };
+    // Discovery gives each filesystem one volume, so the same volume for
+    // both roles means the same filesystem.
+    let data_fs = role("data");
+    let data_nonrotational = data_fs.as_ref().and_then(|d| {
+        let f = &volumes.iter().find(|(n, _)| n == d)?.1;
+        f.rotational.map(|r| !r)
+    });
+    Some(ClusterFacts {
+        settings: stats
+            .settings
+            .iter()
+            .map(|s| PgSetting {
+                name: s.name.clone(),
+                setting: s.value.clone(),
+                numeric: s.numeric,
+                source: s.source.clone(),
+                pending_restart: s.pending_restart,
+            })
+            .collect(),
+        checkpoints_timed: stats.checkpoints.as_ref().and_then(|p| p.timed),
+        checkpoints_requested: stats.checkpoints.as_ref().and_then(|p| p.requested),
+        wal_fs: role("wal"),
+        data_fs,
+        data_nonrotational,
+        hugepages_total,
+    })
+}
+
+/// `check --pg.dsn DSN`: the cluster's findings from one short read-only
+/// session (the same settings and checkpoint queries as the collector),
+/// with the data and WAL filesystems looked up locally when the data
+/// directory is visible from here.
+pub fn check_cluster(dsn: &str, host: &audit::HostFacts) -> anyhow::Result<audit::Outcome> {
+    use anyhow::Context;
+    let env = |k: &str| std::env::var(k).ok();
+    let target =
+        crate::postgres::dsn::target(dsn, &env, None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let (settings, checkpoints) = rt.block_on(async {
+        let within = std::time::Duration::from_secs(10);
+        let conn = tokio::time::timeout(within, crate::postgres::tls::connect(&target))
+            .await
+            .map_err(|_| anyhow::anyhow!("{}: no answer within {within:?}", target.display))?
+            .map_err(|e| anyhow::anyhow!("{}: {e}", target.display))?;
+        let db = crate::postgres::db::Db::new(&conn.client, std::time::Duration::from_secs(5));
+        // Never write: the session refuses it, as the collector's does.
+        db.batch_execute("SET statement_timeout = 5000; SET default_transaction_read_only = on")
+            .await
+            .map_err(|e| anyhow::anyhow!("setting up the session: {e}"))?;
+        let (version, _) = crate::postgres::views::version::read(db)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the version: {e}"))?;
+        let settings = crate::postgres::views::settings::read(db)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading pg_settings: {e}"))?;
+        let checkpoints = crate::postgres::views::checkpoints::read(db, version)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the checkpoint statistics: {e}"))?;
+        Ok::<_, anyhow::Error>((settings, checkpoints))
+    })?;
+    let data = settings
+        .iter()
+        .find(|s| s.name == "data_directory")
+        .map(|s| PathBuf::from(&s.value));
+    let roots = crate::probe::fsinfo::Roots::default();
+    // Only when the data directory is on this machine (and readable): a
+    // remote server's paths say nothing about local filesystems.
+    let local = data
+        .as_ref()
+        .map(|d| crate::probe::fsinfo::lookup(d, &roots))
+        .filter(|f| !f.majmin.is_empty());
+    let wal = data
+        .as_ref()
+        .filter(|_| local.is_some())
+        .map(|d| crate::probe::fsinfo::lookup(&d.join("pg_wal"), &roots))
+        .filter(|f| !f.majmin.is_empty());
+    let data_nonrotational = match (&data, &local) {
+        (Some(d), Some(f)) => {
+            let disk = f.disk.as_ref().map(|d| d.name.clone());
+            audit::read::volume(&roots.proc, &roots.sys, d, disk.as_deref(), None)
+                .0
+                .rotational
+                .map(|r| !r)
+        }
+        _ => None,
+    };
+    let facts = ClusterFacts {
+        settings: settings
+            .iter()
+            .map(|s| PgSetting {
+                name: s.name.clone(),
+                setting: s.value.clone(),
+                numeric: s.numeric,
+                source: s.source.clone(),
+                pending_restart: s.pending_restart,
+            })
+            .collect(),
+        checkpoints_timed: checkpoints.as_ref().and_then(|p| p.timed),
+        checkpoints_requested: checkpoints.as_ref().and_then(|p| p.requested),
+        data_fs: local.map(|f| f.majmin),
+        wal_fs: wal.map(|f| f.majmin),
+        data_nonrotational,
+        hugepages_total: host.hugepages_total,
+    };
+    Ok(audit::evaluate_cluster(&facts))
+}

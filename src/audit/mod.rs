@@ -1,0 +1,882 @@
+//! The storage-configuration audit: what in the kernel, mount and
+//! PostgreSQL configuration works against commit latency or durability.
+//!
+//! Evaluation is a pure function over plain facts ([`HostFacts`],
+//! [`VolumeFacts`], [`ClusterFacts`]) so every check is tested with a
+//! table of facts; `read.rs` gathers the host and volume facts from
+//! configurable /proc and /sys roots, and the daemon builds the cluster
+//! facts from what its read-only PostgreSQL session already reads.
+//!
+//! A fact that could not be read is `None` and its checks are skipped,
+//! not passed: the caller counts evaluated checks so "no finding" can be
+//! told from "not checked".
+
+pub mod read;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// Data can be lost or corrupted.
+    Critical,
+    /// A measurable latency or throughput cost.
+    Warning,
+    /// Advice.
+    Info,
+}
+
+impl Severity {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Critical => "critical",
+            Severity::Warning => "warning",
+            Severity::Info => "info",
+        }
+    }
+}
+
+/// What a check looks at, which decides the label of its finding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Host,
+    Volume,
+    Cluster,
+}
+
+/// One row of the check table: the stable code and what docs/audit.md says.
+#[derive(Debug, Clone, Copy)]
+pub struct Check {
+    pub code: &'static str,
+    pub severity: Severity,
+    pub scope: Scope,
+    pub title: &'static str,
+}
+
+/// Every check, critical ones first. Codes are stable: alerts, the
+/// `audit.ignore` lists and JSON consumers key on them.
+pub const CHECKS: &[Check] = &[
+    c(
+        "fsync_off",
+        Severity::Critical,
+        Scope::Cluster,
+        "fsync is off",
+    ),
+    c(
+        "full_page_writes_off",
+        Severity::Critical,
+        Scope::Cluster,
+        "full_page_writes is off",
+    ),
+    c(
+        "memory_filesystem",
+        Severity::Critical,
+        Scope::Volume,
+        "the volume lives in memory",
+    ),
+    c(
+        "barriers_off",
+        Severity::Critical,
+        Scope::Volume,
+        "mounted without write barriers",
+    ),
+    c(
+        "volatile_write_cache",
+        Severity::Critical,
+        Scope::Volume,
+        "write-back cache and syncs faster than stable media",
+    ),
+    c(
+        "synchronous_commit_off",
+        Severity::Warning,
+        Scope::Cluster,
+        "synchronous_commit off or local",
+    ),
+    c(
+        "ext4_data_writeback",
+        Severity::Warning,
+        Scope::Volume,
+        "ext4 mounted data=writeback",
+    ),
+    c(
+        "wal_shares_data_volume",
+        Severity::Warning,
+        Scope::Cluster,
+        "WAL on the data directory's filesystem",
+    ),
+    c(
+        "checkpoints_requested",
+        Severity::Warning,
+        Scope::Cluster,
+        "checkpoints forced by WAL volume",
+    ),
+    c(
+        "wal_compression_off",
+        Severity::Warning,
+        Scope::Cluster,
+        "wal_compression is off",
+    ),
+    c(
+        "thp_always",
+        Severity::Warning,
+        Scope::Host,
+        "transparent huge pages always",
+    ),
+    c(
+        "dirty_ratio_large",
+        Severity::Warning,
+        Scope::Host,
+        "vm.dirty_ratio allows > 4 GiB",
+    ),
+    c(
+        "dirty_background_ratio_large",
+        Severity::Warning,
+        Scope::Host,
+        "vm.dirty_background_ratio allows > 1 GiB",
+    ),
+    c(
+        "swappiness_high",
+        Severity::Warning,
+        Scope::Host,
+        "vm.swappiness above 10",
+    ),
+    c(
+        "zone_reclaim_on",
+        Severity::Warning,
+        Scope::Host,
+        "vm.zone_reclaim_mode is not 0",
+    ),
+    c(
+        "huge_pages_shortfall",
+        Severity::Warning,
+        Scope::Cluster,
+        "huge_pages=try with too few huge pages reserved",
+    ),
+    c(
+        "overcommit_not_strict",
+        Severity::Warning,
+        Scope::Host,
+        "vm.overcommit_memory is not 2",
+    ),
+    c(
+        "scheduler_on_ssd",
+        Severity::Warning,
+        Scope::Volume,
+        "IO scheduler other than none/mq-deadline on SSD or virtual disk",
+    ),
+    c(
+        "read_ahead_large",
+        Severity::Warning,
+        Scope::Volume,
+        "read_ahead_kb above 1 MiB",
+    ),
+    c(
+        "random_page_cost_default",
+        Severity::Info,
+        Scope::Cluster,
+        "random_page_cost 4 on non-rotational storage",
+    ),
+    c(
+        "effective_io_concurrency_low",
+        Severity::Info,
+        Scope::Cluster,
+        "effective_io_concurrency ≤ 2 on SSD/NVMe",
+    ),
+    c(
+        "atime",
+        Severity::Info,
+        Scope::Volume,
+        "mounted without noatime",
+    ),
+    c(
+        "filesystem_choice",
+        Severity::Info,
+        Scope::Volume,
+        "a filesystem other than ext4 or XFS",
+    ),
+    c(
+        "pending_restart",
+        Severity::Info,
+        Scope::Cluster,
+        "settings waiting for a restart",
+    ),
+];
+
+const fn c(code: &'static str, severity: Severity, scope: Scope, title: &'static str) -> Check {
+    Check {
+        code,
+        severity,
+        scope,
+        title,
+    }
+}
+
+pub fn check(code: &str) -> Option<&'static Check> {
+    CHECKS.iter().find(|c| c.code == code)
+}
+
+/// One finding: the evidence read, what it means and the fix.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub code: &'static str,
+    pub severity: Severity,
+    /// The file or setting read and its value: `/sys/block/vda/queue/scheduler = bfq`.
+    pub evidence: String,
+    pub message: String,
+    /// The sysctl line, udev rule, mount option or `ALTER SYSTEM` statement.
+    pub fix: String,
+}
+
+/// The result of one scope's evaluation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Outcome {
+    pub findings: Vec<Finding>,
+    /// Checks whose facts were available and were evaluated.
+    pub checked: u32,
+    /// Checks skipped because a fact they need could not be read.
+    pub skipped: u32,
+}
+
+impl Outcome {
+    /// Records one check: `None` facts skip it, `Some(None)` passes it.
+    fn note(&mut self, code: &'static str, r: Option<Option<(String, String, String)>>) {
+        match r {
+            None => self.skipped += 1,
+            Some(found) => {
+                self.checked += 1;
+                if let Some((evidence, message, fix)) = found {
+                    let severity = check(code).map_or(Severity::Warning, |c| c.severity);
+                    self.findings.push(Finding {
+                        code,
+                        severity,
+                        evidence,
+                        message,
+                        fix,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Drops ignored findings (a deliberate choice must not page forever);
+    /// the check still counts as evaluated.
+    pub fn ignore(&mut self, codes: &[String]) {
+        self.findings.retain(|f| !codes.iter().any(|c| c == f.code));
+    }
+}
+
+/// Kernel facts of the host, from /proc and /sys.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostFacts {
+    pub mem_total_bytes: Option<u64>,
+    pub dirty_ratio: Option<u64>,
+    pub dirty_bytes: Option<u64>,
+    pub dirty_background_ratio: Option<u64>,
+    pub dirty_background_bytes: Option<u64>,
+    pub swappiness: Option<u64>,
+    pub zone_reclaim_mode: Option<u64>,
+    pub overcommit_memory: Option<u64>,
+    /// The selected value of /sys/kernel/mm/transparent_hugepage/enabled.
+    pub thp_enabled: Option<String>,
+    /// HugePages_Total from /proc/meminfo.
+    pub hugepages_total: Option<u64>,
+}
+
+/// Facts of one volume's filesystem and the disk under it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VolumeFacts {
+    pub fstype: Option<String>,
+    /// For overlay: the filesystem type its upper directory lives on.
+    pub overlay_upper_fstype: Option<String>,
+    /// Mount options and superblock options from mountinfo, together.
+    pub mount_options: Option<Vec<String>>,
+    /// The whole disk's name (`vda`, `nvme0n1`), when there is one.
+    pub disk: Option<String>,
+    /// The selected value of queue/scheduler.
+    pub scheduler: Option<String>,
+    pub rotational: Option<bool>,
+    /// queue/write_cache: `write back` or `write through`.
+    pub write_cache: Option<String>,
+    pub read_ahead_kb: Option<u64>,
+    /// A virtio/xen/cloud disk, whose real scheduling happens on the host.
+    pub virtual_disk: bool,
+    /// The probe saw syncs faster than stable media can make data durable
+    /// (`check`'s `sync_too_fast`); `None` before any commit probe.
+    pub sync_too_fast: Option<bool>,
+}
+
+/// One pg_settings row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PgSetting {
+    pub name: String,
+    pub setting: String,
+    /// In base units (bytes, seconds), when numeric.
+    pub numeric: Option<f64>,
+    pub source: String,
+    pub pending_restart: bool,
+}
+
+/// Facts of one PostgreSQL cluster, from read-only SQL and discovery.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClusterFacts {
+    pub settings: Vec<PgSetting>,
+    pub checkpoints_timed: Option<f64>,
+    pub checkpoints_requested: Option<f64>,
+    /// Filesystem ids (`MAJ:MIN` or volume names) of the data directory
+    /// and the WAL directory, from discovery.
+    pub data_fs: Option<String>,
+    pub wal_fs: Option<String>,
+    /// Whether the data directory's disk is non-rotational.
+    pub data_nonrotational: Option<bool>,
+    /// HugePages_Total of the host the cluster runs on.
+    pub hugepages_total: Option<u64>,
+}
+
+impl ClusterFacts {
+    pub fn get(&self, name: &str) -> Option<&PgSetting> {
+        self.settings.iter().find(|s| s.name == name)
+    }
+}
+
+const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+fn gib(bytes: f64) -> String {
+    format!("{:.1} GiB", bytes / GIB)
+}
+
+type Found = Option<Option<(String, String, String)>>;
+
+fn found(evidence: String, message: impl Into<String>, fix: impl Into<String>) -> Found {
+    Some(Some((evidence, message.into(), fix.into())))
+}
+
+const PASS: Found = Some(None);
+
+fn sysctl(name: &str) -> String {
+    format!("/proc/sys/vm/{name}")
+}
+
+pub fn evaluate_host(h: &HostFacts) -> Outcome {
+    let mut o = Outcome::default();
+    o.note(
+        "thp_always",
+        h.thp_enabled.as_ref().and_then(|v| {
+            if v == "always" {
+                found(
+                    format!("/sys/kernel/mm/transparent_hugepage/enabled = {v}"),
+                    "Transparent huge pages are always on: compaction and khugepaged stalls add \
+                     latency spikes to backends touching memory",
+                    "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled (or \
+                     transparent_hugepage=madvise on the kernel command line)",
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    let ratio_check = |ratio: Option<u64>, bytes: Option<u64>, name: &str, limit: f64| -> Found {
+        let (ratio, bytes, mem) = (ratio?, bytes?, h.mem_total_bytes?);
+        // A non-zero *_bytes overrides the ratio: the kernel then ignores it.
+        if bytes != 0 {
+            return PASS;
+        }
+        let allowed = mem as f64 * ratio as f64 / 100.0;
+        if allowed > limit {
+            let bytes_name = name.replace("ratio", "bytes");
+            found(
+                format!("{} = {ratio} (of {} RAM)", sysctl(name), gib(mem as f64)),
+                format!(
+                    "vm.{name} = {ratio} % lets {} of dirty pages build up before writeback; \
+                     a checkpoint or fsync then has to flush all of it at once",
+                    gib(allowed)
+                ),
+                format!("sysctl -w vm.{bytes_name}={}", limit as u64),
+            )
+        } else {
+            PASS
+        }
+    };
+    o.note(
+        "dirty_ratio_large",
+        ratio_check(h.dirty_ratio, h.dirty_bytes, "dirty_ratio", 4.0 * GIB),
+    );
+    o.note(
+        "dirty_background_ratio_large",
+        ratio_check(
+            h.dirty_background_ratio,
+            h.dirty_background_bytes,
+            "dirty_background_ratio",
+            GIB,
+        ),
+    );
+    o.note(
+        "swappiness_high",
+        h.swappiness.and_then(|v| {
+            if v > 10 {
+                found(
+                    format!("{} = {v}", sysctl("swappiness")),
+                    "The kernel swaps out memory (shared buffers included) instead of dropping \
+                     page cache; a backend then waits on swap-in",
+                    "sysctl -w vm.swappiness=1",
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o.note(
+        "zone_reclaim_on",
+        h.zone_reclaim_mode.and_then(|v| {
+            if v != 0 {
+                found(
+                    format!("{} = {v}", sysctl("zone_reclaim_mode")),
+                    "On NUMA hosts the kernel reclaims local page cache rather than use another \
+                     node's memory: the cache PostgreSQL relies on shrinks",
+                    "sysctl -w vm.zone_reclaim_mode=0",
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o.note(
+        "overcommit_not_strict",
+        h.overcommit_memory.and_then(|v| {
+            if v != 2 {
+                found(
+                    format!("{} = {v}", sysctl("overcommit_memory")),
+                    "Memory is overcommitted: under pressure the OOM killer may kill a backend \
+                     and PostgreSQL restarts every session in crash recovery",
+                    "sysctl -w vm.overcommit_memory=2 (and check CommitLimit in /proc/meminfo \
+                     with vm.overcommit_ratio)",
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o
+}
+
+/// Filesystems living in memory: sync returns at once and proves nothing.
+const MEMORY_FILESYSTEMS: &[&str] = &["tmpfs", "ramfs", "hugetlbfs", "devtmpfs"];
+
+pub fn evaluate_volume(v: &VolumeFacts) -> Outcome {
+    let mut o = Outcome::default();
+    let opts = v.mount_options.as_deref();
+    let has = |o: &str| opts.is_some_and(|opts| opts.iter().any(|x| x == o));
+    o.note(
+        "memory_filesystem",
+        v.fstype.as_ref().and_then(|fs| {
+            let upper = v.overlay_upper_fstype.as_deref();
+            if MEMORY_FILESYSTEMS.contains(&fs.as_str()) {
+                found(
+                    format!("mountinfo fstype = {fs}"),
+                    "The volume lives in memory: fsync returns at once and everything is lost \
+                     at the next reboot",
+                    "put the data and WAL on a disk-backed filesystem (ext4 or XFS)",
+                )
+            } else if fs == "overlay" && upper.is_some_and(|u| MEMORY_FILESYSTEMS.contains(&u)) {
+                found(
+                    format!(
+                        "mountinfo fstype = overlay, upperdir on {}",
+                        upper.unwrap_or("")
+                    ),
+                    "The volume is an overlay whose writable layer lives in memory: writes are \
+                     lost at the next restart",
+                    "mount a disk-backed volume at the data and WAL directories",
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o.note(
+        "barriers_off",
+        opts.and_then(
+            |opts| match opts.iter().find(|o| *o == "nobarrier" || *o == "barrier=0") {
+                Some(bad) => found(
+                    format!("mountinfo option {bad}"),
+                    "Write barriers are off: the disk may reorder or cache a commit's writes, \
+                     and a power loss can corrupt the filesystem and lose committed data",
+                    format!("remount without {bad} (the default keeps barriers on)"),
+                ),
+                None => PASS,
+            },
+        ),
+    );
+    o.note(
+        "volatile_write_cache",
+        v.write_cache
+            .as_ref()
+            .zip(v.sync_too_fast)
+            .and_then(|(wc, fast)| {
+                if wc == "write back" && fast {
+                    found(
+                        format!(
+                            "/sys/block/{}/queue/write_cache = {wc}, probe sync_too_fast",
+                            v.disk.as_deref().unwrap_or("?")
+                        ),
+                        "The disk has a write-back cache and acknowledges syncs faster than \
+                         stable media can: commits may sit in a cache a power loss empties",
+                        "enable power-loss protection or disable the volatile cache \
+                         (hdparm -W0 / sdparm --clear=WCE), then recheck the probe latency",
+                    )
+                } else {
+                    PASS
+                }
+            }),
+    );
+    o.note(
+        "ext4_data_writeback",
+        v.fstype.as_ref().zip(opts).and_then(|(fs, _)| {
+            if fs == "ext4" && has("data=writeback") {
+                found(
+                    "mountinfo option data=writeback".to_string(),
+                    "ext4 data=writeback may write metadata before data: after a crash files \
+                     can hold stale blocks",
+                    "remount with data=ordered (the default)",
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o.note(
+        "scheduler_on_ssd",
+        v.scheduler.as_ref().zip(v.rotational).and_then(|(s, rot)| {
+            let fast = !rot || v.virtual_disk;
+            if fast && !matches!(s.as_str(), "none" | "mq-deadline" | "noop" | "deadline") {
+                let disk = v.disk.as_deref().unwrap_or("?");
+                found(
+                    format!("/sys/block/{disk}/queue/scheduler = {s}"),
+                    format!(
+                        "The {s} scheduler adds per-request work and idling on a {} disk \
+                         that orders requests itself",
+                        if rot { "virtual" } else { "non-rotational" }
+                    ),
+                    format!(
+                        "ACTION==\"add|change\", KERNEL==\"{disk}\", ATTR{{queue/scheduler}}=\"none\" \
+                         in /etc/udev/rules.d/60-scheduler.rules"
+                    ),
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o.note(
+        "read_ahead_large",
+        v.read_ahead_kb.and_then(|kb| {
+            if kb > 1024 {
+                let disk = v.disk.as_deref().unwrap_or("?");
+                found(
+                    format!("/sys/block/{disk}/queue/read_ahead_kb = {kb}"),
+                    format!(
+                        "Each random 8 KiB read may pull {kb} KiB from the disk, wasting \
+                         bandwidth and cache on pages nobody asked for"
+                    ),
+                    format!(
+                        "ACTION==\"add|change\", KERNEL==\"{disk}\", ATTR{{queue/read_ahead_kb}}=\"128\""
+                    ),
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o.note(
+        "atime",
+        opts.and_then(|_| {
+            if has("noatime") {
+                PASS
+            } else {
+                let mode = if has("relatime") {
+                    "relatime"
+                } else {
+                    "strictatime"
+                };
+                found(
+                    format!("mountinfo option {mode}"),
+                    "Reads update access times, which turns some reads into metadata writes",
+                    "add noatime to the mount options in /etc/fstab",
+                )
+            }
+        }),
+    );
+    o.note(
+        "filesystem_choice",
+        v.fstype.as_ref().and_then(|fs| {
+            // Memory and overlay filesystems have their own finding above;
+            // an unknown type is not evidence of anything.
+            let judged =
+                !(MEMORY_FILESYSTEMS.contains(&fs.as_str()) || fs == "overlay" || fs == "unknown");
+            if !judged {
+                return None;
+            }
+            if fs == "ext4" || fs == "xfs" {
+                PASS
+            } else {
+                found(
+                    format!("mountinfo fstype = {fs}"),
+                    format!(
+                        "{fs} is not one of the filesystems PostgreSQL's WAL and data are \
+                         usually tuned and tested on (ext4, XFS); copy-on-write or network \
+                         filesystems add writes or round trips to every sync"
+                    ),
+                    "put data and WAL on ext4 or XFS, or silence this code if the choice is \
+                     deliberate (e.g. ZFS with a matching recordsize)",
+                )
+            }
+        }),
+    );
+    o
+}
+
+pub fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
+    let mut o = Outcome::default();
+    let s = |name: &str| cf.get(name).map(|s| s.setting.as_str());
+    let alter = |name: &str, value: &str| {
+        format!("ALTER SYSTEM SET {name} = '{value}'; SELECT pg_reload_conf();")
+    };
+    let off = |name: &'static str, msg: &'static str| -> Found {
+        let v = s(name)?;
+        if v == "off" {
+            found(format!("pg_settings {name} = off"), msg, alter(name, "on"))
+        } else {
+            PASS
+        }
+    };
+    o.note(
+        "fsync_off",
+        off(
+            "fsync",
+            "fsync is off: PostgreSQL never forces data to disk, and an OS crash or power loss \
+             can corrupt the whole cluster",
+        ),
+    );
+    o.note(
+        "full_page_writes_off",
+        off(
+            "full_page_writes",
+            "full_page_writes is off: a crash during a page write leaves a torn page that WAL \
+             replay cannot repair",
+        ),
+    );
+    o.note(
+        "synchronous_commit_off",
+        s("synchronous_commit").and_then(|v| match v {
+            "off" => found(
+                "pg_settings synchronous_commit = off".to_string(),
+                "Commits are acknowledged before their WAL is flushed: a crash loses up to \
+                 3 × wal_writer_delay (600 ms by default) of acknowledged transactions",
+                alter("synchronous_commit", "on"),
+            ),
+            "local" => found(
+                "pg_settings synchronous_commit = local".to_string(),
+                "Commits wait for the local flush only: a failover to a standby can lose \
+                 acknowledged transactions",
+                alter("synchronous_commit", "on"),
+            ),
+            _ => PASS,
+        }),
+    );
+    o.note(
+        "wal_shares_data_volume",
+        cf.data_fs
+            .as_ref()
+            .zip(cf.wal_fs.as_ref())
+            .and_then(|(d, w)| {
+                if d == w {
+                    found(
+                        format!("data directory and pg_wal on the same filesystem ({d})"),
+                        "WAL flushes queue behind checkpoint and backend writes on the same \
+                     filesystem, so commit latency follows the data load",
+                        "move pg_wal to its own volume (initdb --waldir, or a symlink with the \
+                     cluster stopped)",
+                    )
+                } else {
+                    PASS
+                }
+            }),
+    );
+    o.note(
+        "checkpoints_requested",
+        (|| {
+            let (t, r) = (cf.checkpoints_timed?, cf.checkpoints_requested?);
+            let max_wal = cf.get("max_wal_size")?.numeric?;
+            let total = t + r;
+            if total > 0.0 && r / total > 0.2 && max_wal < 4.0 * GIB {
+                found(
+                    format!(
+                        "checkpoints requested {r} of {total} ({:.0} %), max_wal_size = {}",
+                        100.0 * r / total,
+                        gib(max_wal)
+                    ),
+                    "Checkpoints are forced by WAL volume rather than by time: each one writes \
+                     back and full-page-writes again, multiplying IO",
+                    alter("max_wal_size", "16GB"),
+                )
+            } else {
+                PASS
+            }
+        })(),
+    );
+    o.note(
+        "wal_compression_off",
+        s("wal_compression").and_then(|v| {
+            if v == "off" {
+                found(
+                    "pg_settings wal_compression = off".to_string(),
+                    "Full-page images go into WAL uncompressed: more WAL to write and sync \
+                     after every checkpoint",
+                    alter("wal_compression", "lz4"),
+                )
+            } else {
+                PASS
+            }
+        }),
+    );
+    o.note(
+        "huge_pages_shortfall",
+        (|| {
+            let mode = s("huge_pages")?;
+            let need: u64 = s("shared_memory_size_in_huge_pages")?.parse().ok()?;
+            let have = cf.hugepages_total?;
+            if mode == "try" && have < need {
+                found(
+                    format!(
+                        "pg_settings huge_pages = try, shared_memory_size_in_huge_pages = \
+                         {need}; /proc/meminfo HugePages_Total = {have}"
+                    ),
+                    "huge_pages=try and too few huge pages are reserved: PostgreSQL silently \
+                     runs on small pages with larger page tables and TLB misses",
+                    format!("sysctl -w vm.nr_hugepages={need} (then restart PostgreSQL)"),
+                )
+            } else {
+                PASS
+            }
+        })(),
+    );
+    o.note(
+        "random_page_cost_default",
+        (|| {
+            let v = cf.get("random_page_cost")?.numeric?;
+            if cf.data_nonrotational? && v >= 4.0 {
+                found(
+                    format!("pg_settings random_page_cost = {v}"),
+                    "random_page_cost is the spinning-disk default on non-rotational storage: \
+                     the planner avoids index scans that would be cheap",
+                    alter("random_page_cost", "1.1"),
+                )
+            } else {
+                PASS
+            }
+        })(),
+    );
+    o.note(
+        "effective_io_concurrency_low",
+        (|| {
+            let v = cf.get("effective_io_concurrency")?.numeric?;
+            if cf.data_nonrotational? && v <= 2.0 {
+                found(
+                    format!("pg_settings effective_io_concurrency = {v}"),
+                    "SSDs serve many reads in parallel; prefetching only a couple of pages \
+                     leaves that unused",
+                    alter("effective_io_concurrency", "200"),
+                )
+            } else {
+                PASS
+            }
+        })(),
+    );
+    o.note("pending_restart", {
+        if cf.settings.is_empty() {
+            None
+        } else {
+            let pending: Vec<&str> = cf
+                .settings
+                .iter()
+                .filter(|s| s.pending_restart)
+                .map(|s| s.name.as_str())
+                .collect();
+            if pending.is_empty() {
+                PASS
+            } else {
+                found(
+                    format!("pg_settings pending_restart: {}", pending.join(", ")),
+                    "Changed settings take effect only after a restart; until then the server \
+                     runs with the old values",
+                    "restart PostgreSQL in a maintenance window",
+                )
+            }
+        }
+    });
+    o
+}
+
+/// One audit pass over the host, every volume and every cluster.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Report {
+    pub host: Outcome,
+    /// By volume name.
+    pub volumes: Vec<(String, Outcome)>,
+    /// By cluster name; a cluster not connected yet is left out.
+    pub clusters: Vec<(String, Outcome)>,
+    /// Files that exist but could not be read or parsed this pass.
+    pub read_errors: Vec<String>,
+}
+
+impl Report {
+    pub fn checked(&self) -> u64 {
+        self.outcomes().map(|o| u64::from(o.checked)).sum()
+    }
+
+    pub fn skipped(&self) -> u64 {
+        self.outcomes().map(|o| u64::from(o.skipped)).sum()
+    }
+
+    fn outcomes(&self) -> impl Iterator<Item = &Outcome> {
+        std::iter::once(&self.host)
+            .chain(self.volumes.iter().map(|(_, o)| o))
+            .chain(self.clusters.iter().map(|(_, o)| o))
+    }
+}
+
+/// What the exporter serves: the latest report and lifetime counters.
+#[derive(Debug, Clone, Default)]
+pub struct AuditSnapshot {
+    pub last: Option<Report>,
+    /// Unix time of the latest pass.
+    pub last_run: Option<f64>,
+    pub runs: u64,
+    pub checks_evaluated: u64,
+    pub checks_skipped: u64,
+    pub read_errors: u64,
+}
+
+/// Shared between the audit task (writer) and the exposition (reader).
+#[derive(Debug, Default)]
+pub struct AuditState(std::sync::Mutex<AuditSnapshot>);
+
+impl AuditState {
+    pub fn record(&self, report: Report, unix_time: f64) {
+        // A poisoned lock only means a reader panicked mid-copy; the data
+        // is plain counters and a report, still consistent to overwrite.
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.runs += 1;
+        s.checks_evaluated += report.checked();
+        s.checks_skipped += report.skipped();
+        s.read_errors += report.read_errors.len() as u64;
+        s.last_run = Some(unix_time);
+        s.last = Some(report);
+    }
+
+    pub fn snapshot(&self) -> AuditSnapshot {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

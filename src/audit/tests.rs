@@ -1,0 +1,372 @@
+//! One triggering and one quiet case per check, from a baseline that
+//! passes every check.
+
+use super::*;
+
+const GIB_U: u64 = 1024 * 1024 * 1024;
+
+fn good_host() -> HostFacts {
+    HostFacts {
+        mem_total_bytes: Some(16 * GIB_U),
+        dirty_ratio: Some(20),
+        dirty_bytes: Some(0),
+        dirty_background_ratio: Some(5),
+        dirty_background_bytes: Some(0),
+        swappiness: Some(1),
+        zone_reclaim_mode: Some(0),
+        overcommit_memory: Some(2),
+        thp_enabled: Some("madvise".into()),
+        hugepages_total: Some(0),
+    }
+}
+
+fn good_volume() -> VolumeFacts {
+    VolumeFacts {
+        fstype: Some("xfs".into()),
+        overlay_upper_fstype: None,
+        mount_options: Some(vec!["rw".into(), "noatime".into()]),
+        disk: Some("nvme0n1".into()),
+        scheduler: Some("none".into()),
+        rotational: Some(false),
+        write_cache: Some("write back".into()),
+        read_ahead_kb: Some(128),
+        virtual_disk: false,
+        sync_too_fast: Some(false),
+    }
+}
+
+fn set(name: &str, setting: &str, numeric: Option<f64>) -> PgSetting {
+    PgSetting {
+        name: name.into(),
+        setting: setting.into(),
+        numeric,
+        source: "default".into(),
+        pending_restart: false,
+    }
+}
+
+fn good_cluster() -> ClusterFacts {
+    ClusterFacts {
+        settings: vec![
+            set("fsync", "on", Some(1.0)),
+            set("full_page_writes", "on", Some(1.0)),
+            set("synchronous_commit", "on", None),
+            set("wal_compression", "lz4", None),
+            set("max_wal_size", "1024", Some(GIB)),
+            set("huge_pages", "try", None),
+            set("shared_memory_size_in_huge_pages", "70", None),
+            set("random_page_cost", "1.1", Some(1.1)),
+            set("effective_io_concurrency", "200", Some(200.0)),
+        ],
+        checkpoints_timed: Some(90.0),
+        checkpoints_requested: Some(10.0),
+        data_fs: Some("252:1".into()),
+        wal_fs: Some("7:3".into()),
+        data_nonrotational: Some(true),
+        hugepages_total: Some(100),
+    }
+}
+
+fn codes(o: &Outcome) -> Vec<&'static str> {
+    o.findings.iter().map(|f| f.code).collect()
+}
+
+fn with_setting(c: &mut ClusterFacts, name: &str, setting: &str, numeric: Option<f64>) {
+    c.settings.retain(|s| s.name != name);
+    c.settings.push(set(name, setting, numeric));
+}
+
+#[test]
+fn baselines_pass_every_check() {
+    let h = evaluate_host(&good_host());
+    assert!(h.findings.is_empty(), "{h:?}");
+    assert_eq!(h.skipped, 0);
+    let v = evaluate_volume(&good_volume());
+    assert!(v.findings.is_empty(), "{v:?}");
+    assert_eq!(v.skipped, 0);
+    let c = evaluate_cluster(&good_cluster());
+    assert!(c.findings.is_empty(), "{c:?}");
+    assert_eq!(c.skipped, 0);
+    // Every check in the table is evaluated by exactly one scope.
+    assert_eq!(
+        (h.checked + v.checked + c.checked) as usize,
+        CHECKS.len(),
+        "a check in CHECKS is not evaluated"
+    );
+}
+
+type HostCase = (&'static str, fn(&mut HostFacts), fn(&mut HostFacts));
+
+#[test]
+fn host_checks() {
+    let cases: &[HostCase] = &[
+        (
+            "thp_always",
+            |h| h.thp_enabled = Some("always".into()),
+            |h| h.thp_enabled = Some("never".into()),
+        ),
+        (
+            // 20 % of 64 GiB is 12.8 GiB; a non-zero dirty_bytes wins.
+            "dirty_ratio_large",
+            |h| h.mem_total_bytes = Some(64 * GIB_U),
+            |h| {
+                h.mem_total_bytes = Some(64 * GIB_U);
+                h.dirty_bytes = Some(GIB_U);
+                h.dirty_background_bytes = Some(GIB_U / 4);
+            },
+        ),
+        (
+            "dirty_background_ratio_large",
+            |h| h.dirty_background_ratio = Some(10),
+            |h| h.dirty_background_ratio = Some(6),
+        ),
+        (
+            "swappiness_high",
+            |h| h.swappiness = Some(60),
+            |h| h.swappiness = Some(10),
+        ),
+        (
+            "zone_reclaim_on",
+            |h| h.zone_reclaim_mode = Some(1),
+            |h| h.zone_reclaim_mode = Some(0),
+        ),
+        (
+            "overcommit_not_strict",
+            |h| h.overcommit_memory = Some(0),
+            |h| h.overcommit_memory = Some(2),
+        ),
+    ];
+    for (code, trigger, quiet) in cases {
+        let mut h = good_host();
+        trigger(&mut h);
+        let got = codes(&evaluate_host(&h));
+        assert!(got.contains(code), "{code} should fire: {got:?}");
+        let mut h = good_host();
+        quiet(&mut h);
+        let got = codes(&evaluate_host(&h));
+        assert!(!got.contains(code), "{code} should be quiet: {got:?}");
+    }
+}
+
+#[test]
+fn dirty_ratio_names_the_byte_figure() {
+    let mut h = good_host();
+    h.mem_total_bytes = Some(64 * GIB_U);
+    let o = evaluate_host(&h);
+    let f = o.findings.iter().find(|f| f.code == "dirty_ratio_large");
+    assert!(f.unwrap().message.contains("12.8 GiB"), "{o:?}");
+}
+
+type VolumeCase = (&'static str, fn(&mut VolumeFacts), fn(&mut VolumeFacts));
+
+#[test]
+fn volume_checks() {
+    let cases: &[VolumeCase] = &[
+        (
+            "memory_filesystem",
+            |v| v.fstype = Some("tmpfs".into()),
+            |v| v.fstype = Some("ext4".into()),
+        ),
+        (
+            "memory_filesystem",
+            |v| {
+                v.fstype = Some("overlay".into());
+                v.overlay_upper_fstype = Some("tmpfs".into());
+            },
+            |v| {
+                v.fstype = Some("overlay".into());
+                v.overlay_upper_fstype = Some("ext4".into());
+            },
+        ),
+        (
+            "barriers_off",
+            |v| v.mount_options = Some(vec!["noatime".into(), "nobarrier".into()]),
+            |v| v.mount_options = Some(vec!["noatime".into(), "barrier=1".into()]),
+        ),
+        (
+            "barriers_off",
+            |v| v.mount_options = Some(vec!["noatime".into(), "barrier=0".into()]),
+            |v| v.mount_options = Some(vec!["noatime".into()]),
+        ),
+        (
+            "volatile_write_cache",
+            |v| v.sync_too_fast = Some(true),
+            |v| {
+                v.sync_too_fast = Some(true);
+                v.write_cache = Some("write through".into());
+            },
+        ),
+        (
+            "ext4_data_writeback",
+            |v| {
+                v.fstype = Some("ext4".into());
+                v.mount_options = Some(vec!["noatime".into(), "data=writeback".into()]);
+            },
+            |v| {
+                v.fstype = Some("ext4".into());
+                v.mount_options = Some(vec!["noatime".into(), "data=ordered".into()]);
+            },
+        ),
+        (
+            "scheduler_on_ssd",
+            |v| v.scheduler = Some("bfq".into()),
+            |v| {
+                v.scheduler = Some("bfq".into());
+                v.rotational = Some(true);
+            },
+        ),
+        (
+            // A virtual disk says rotational=1 but is scheduled by its host.
+            "scheduler_on_ssd",
+            |v| {
+                v.scheduler = Some("bfq".into());
+                v.rotational = Some(true);
+                v.virtual_disk = true;
+            },
+            |v| {
+                v.scheduler = Some("mq-deadline".into());
+                v.virtual_disk = true;
+            },
+        ),
+        (
+            "read_ahead_large",
+            |v| v.read_ahead_kb = Some(4096),
+            |v| v.read_ahead_kb = Some(1024),
+        ),
+        (
+            "filesystem_choice",
+            |v| v.fstype = Some("btrfs".into()),
+            |v| v.fstype = Some("ext4".into()),
+        ),
+        (
+            "atime",
+            |v| v.mount_options = Some(vec!["rw".into(), "relatime".into()]),
+            |v| v.mount_options = Some(vec!["rw".into(), "noatime".into()]),
+        ),
+    ];
+    for (code, trigger, quiet) in cases {
+        let mut v = good_volume();
+        trigger(&mut v);
+        let got = codes(&evaluate_volume(&v));
+        assert!(got.contains(code), "{code} should fire: {got:?}");
+        let mut v = good_volume();
+        quiet(&mut v);
+        let got = codes(&evaluate_volume(&v));
+        assert!(!got.contains(code), "{code} should be quiet: {got:?}");
+    }
+}
+
+type ClusterCase = (&'static str, fn(&mut ClusterFacts), fn(&mut ClusterFacts));
+
+#[test]
+fn cluster_checks() {
+    let cases: &[ClusterCase] = &[
+        (
+            "fsync_off",
+            |c| with_setting(c, "fsync", "off", Some(0.0)),
+            |c| with_setting(c, "fsync", "on", Some(1.0)),
+        ),
+        (
+            "full_page_writes_off",
+            |c| with_setting(c, "full_page_writes", "off", Some(0.0)),
+            |c| with_setting(c, "full_page_writes", "on", Some(1.0)),
+        ),
+        (
+            "synchronous_commit_off",
+            |c| with_setting(c, "synchronous_commit", "off", None),
+            |c| with_setting(c, "synchronous_commit", "remote_write", None),
+        ),
+        (
+            "synchronous_commit_off",
+            |c| with_setting(c, "synchronous_commit", "local", None),
+            |c| with_setting(c, "synchronous_commit", "on", None),
+        ),
+        (
+            "wal_shares_data_volume",
+            |c| c.wal_fs = Some("252:1".into()),
+            |c| c.wal_fs = Some("8:16".into()),
+        ),
+        (
+            "checkpoints_requested",
+            |c| c.checkpoints_requested = Some(30.0),
+            |c| {
+                // Requested checkpoints with a large max_wal_size are a
+                // burst the operator sized for, not a misconfiguration.
+                c.checkpoints_requested = Some(30.0);
+                with_setting(c, "max_wal_size", "8192", Some(8.0 * GIB));
+            },
+        ),
+        (
+            "wal_compression_off",
+            |c| with_setting(c, "wal_compression", "off", None),
+            |c| with_setting(c, "wal_compression", "zstd", None),
+        ),
+        (
+            "huge_pages_shortfall",
+            |c| c.hugepages_total = Some(10),
+            |c| {
+                c.hugepages_total = Some(10);
+                with_setting(c, "huge_pages", "on", None);
+            },
+        ),
+        (
+            "random_page_cost_default",
+            |c| with_setting(c, "random_page_cost", "4", Some(4.0)),
+            |c| {
+                with_setting(c, "random_page_cost", "4", Some(4.0));
+                c.data_nonrotational = Some(false);
+            },
+        ),
+        (
+            "effective_io_concurrency_low",
+            |c| with_setting(c, "effective_io_concurrency", "1", Some(1.0)),
+            |c| with_setting(c, "effective_io_concurrency", "16", Some(16.0)),
+        ),
+        (
+            "pending_restart",
+            |c| c.settings[0].pending_restart = true,
+            |c| c.settings[0].pending_restart = false,
+        ),
+    ];
+    for (code, trigger, quiet) in cases {
+        let mut c = good_cluster();
+        trigger(&mut c);
+        let got = codes(&evaluate_cluster(&c));
+        assert!(got.contains(code), "{code} should fire: {got:?}");
+        let mut c = good_cluster();
+        quiet(&mut c);
+        let got = codes(&evaluate_cluster(&c));
+        assert!(!got.contains(code), "{code} should be quiet: {got:?}");
+    }
+}
+
+#[test]
+fn missing_facts_skip_rather_than_pass() {
+    let o = evaluate_host(&HostFacts::default());
+    assert_eq!(o.checked, 0);
+    assert_eq!(o.skipped, 6);
+    let o = evaluate_cluster(&ClusterFacts::default());
+    assert_eq!(o.checked, 0);
+}
+
+#[test]
+fn findings_carry_evidence_and_fix_and_can_be_ignored() {
+    let mut c = good_cluster();
+    with_setting(&mut c, "fsync", "off", Some(0.0));
+    let mut o = evaluate_cluster(&c);
+    let f = &o.findings[0];
+    assert_eq!((f.code, f.severity), ("fsync_off", Severity::Critical));
+    assert_eq!(f.evidence, "pg_settings fsync = off");
+    assert!(f.fix.contains("ALTER SYSTEM SET fsync = 'on'"));
+    o.ignore(&["fsync_off".to_string()]);
+    assert!(o.findings.is_empty());
+    assert!(o.checked > 0);
+}
+
+#[test]
+fn codes_are_unique() {
+    let mut seen = std::collections::BTreeSet::new();
+    for c in CHECKS {
+        assert!(seen.insert(c.code), "duplicate {}", c.code);
+    }
+}

@@ -57,8 +57,23 @@ fn probes_with(extra: &[&str]) -> (tempfile::TempDir, Exporter, String) {
 
 #[test]
 fn commit_split_is_opt_in() {
-    let (_d, _ex, m) = probes_with(&[]);
+    let (_d, ex, m) = probes_with(&[]);
     assert!(has_op(&m, "commit") && has_op(&m, "read"), "{m}");
+    // One scrape, one snapshot: the histogram and the window summary count
+    // the same samples, also while probes run every 100 ms.
+    for _ in 0..20 {
+        let m = ex.metrics();
+        for op in ["commit", "read"] {
+            for phase in ["busy", "after_idle"] {
+                let labels = format!("{{volume=\"v\",op=\"{op}\",phase=\"{phase}\"}}");
+                assert_eq!(
+                    sample(&m, &format!("pgstorage_probe_seconds_count{labels}")),
+                    sample(&m, &format!("pgstorage_probe_window_seconds_count{labels}")),
+                    "{op} {phase}"
+                );
+            }
+        }
+    }
     assert!(!has_op(&m, "write") && !has_op(&m, "sync"), "{m}");
     promtool_check_metrics(&m);
 

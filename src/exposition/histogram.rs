@@ -118,19 +118,21 @@ pub fn encode(
     ops: &[Op],
 ) {
     let names: Vec<String> = volumes.iter().map(|(v, _)| escape(&v.name)).collect();
-    let rows = volumes.iter().zip(&names).flat_map(|((v, _), vol)| {
+    let rows = volumes.iter().zip(&names).flat_map(|((_, s), vol)| {
         ops.iter().flat_map(move |&op| {
             Phase::ALL.into_iter().filter_map(move |phase| {
-                v.counts.histogram(op, phase).map(|h| {
-                    (
-                        vol.as_str(),
-                        op.as_str(),
-                        phase.as_str(),
-                        h.sum,
-                        h.count,
-                        h.buckets,
-                    )
-                })
+                s.histograms[crate::types::series(op, phase)]
+                    .clone()
+                    .map(|h| {
+                        (
+                            vol.as_str(),
+                            op.as_str(),
+                            phase.as_str(),
+                            h.sum,
+                            h.count,
+                            h.buckets,
+                        )
+                    })
             })
         })
     });

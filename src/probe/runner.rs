@@ -457,7 +457,6 @@ impl Runner {
                 if let Some(phase) = phase {
                     let rec = |op: Op, d: Duration| {
                         let s = d.as_secs_f64();
-                        self.state.counts.observe(op, phase, s);
                         self.state.record(op, phase, at, s);
                     };
                     rec(Op::Write, t.write);
@@ -493,7 +492,6 @@ impl Runner {
             Ok(d) => {
                 if let Some(phase) = phase {
                     let s = d.as_secs_f64();
-                    self.state.counts.observe(Op::Read, phase, s);
                     self.state.record(Op::Read, phase, at, s);
                     if d < self.cfg.probe.cache_served_threshold {
                         self.state.counts.cache_served();

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::model::window::Window;
-use crate::probe::counts::ProbeCounts;
+use crate::probe::counts::{HistogramSnapshot, ProbeCounts};
 use crate::probe::files::ProbeDir;
 use crate::probe::fsinfo::FsInfo;
 use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeLimits, VolumeSpec};
@@ -96,6 +96,8 @@ pub struct Snapshot {
     /// Lifetime number and sum of samples per (op, phase).
     pub count: [u64; SERIES],
     pub sum: [f64; SERIES],
+    /// Per (op, phase): the latency histogram, taken with the window.
+    pub histograms: [Option<HistogramSnapshot>; SERIES],
     pub in_flight: Option<(Op, Duration)>,
     /// Commit probes done since start, burst warm-ups included.
     pub commit_probes: u64,
@@ -202,8 +204,14 @@ impl VolumeState {
         self.probe_dir.lock().ok().and_then(|d| d.clone())
     }
 
+    /// One sample into the window and the histogram together, under the
+    /// window's lock, which [`Self::snapshot`] also holds while it reads
+    /// both: a scrape's histogram `_count` and summary `_count` then agree
+    /// exactly, instead of differing by a sample recorded between the two
+    /// reads.
     pub fn record(&self, op: Op, phase: Phase, at: Instant, seconds: f64) {
         if let Ok(mut w) = self.windows.lock() {
+            self.counts.observe(op, phase, seconds);
             let i = series(op, phase);
             if let Some(win) = w.window.get_mut(i) {
                 win.push(at, seconds);
@@ -259,6 +267,7 @@ impl VolumeState {
         let mut means = [None; SERIES];
         let mut count = [0u64; SERIES];
         let mut sum = [0f64; SERIES];
+        let mut histograms: [Option<HistogramSnapshot>; SERIES] = Default::default();
         if let Ok(mut w) = self.windows.lock() {
             for (i, win) in w.window.iter_mut().enumerate().take(SERIES) {
                 // Expired samples out first: the quantiles are then rank
@@ -270,6 +279,11 @@ impl VolumeState {
             }
             count = w.count;
             sum = w.sum;
+            for op in Op::ALL {
+                for phase in Phase::ALL {
+                    histograms[series(op, phase)] = self.counts.histogram(op, phase);
+                }
+            }
         }
         Snapshot {
             fs: self.fs.lock().map(|f| f.clone()).unwrap_or_default(),
@@ -279,6 +293,7 @@ impl VolumeState {
             means,
             count,
             sum,
+            histograms,
             in_flight: self.in_flight(now),
             commit_probes: self.commit_probes.load(Ordering::Relaxed),
         }

@@ -549,6 +549,9 @@ fn wal_on_its_own_filesystem_has_no_shared_volume_finding() {
         sample(&m, "pgstorage_audit_evaluated_checks{cluster=\"c\"}").unwrap() >= 10.0,
         "the shared-volume check was evaluated, not skipped:\n{m}"
     );
+    // PostgreSQL first: its WAL is on the loop device, which cannot be
+    // unmounted while the server runs (the device would be left mounted).
+    drop(stack);
     drop(lv);
 }
 

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -19,14 +18,7 @@ use common::*;
 
 /// (MAJ:MIN of the filesystem, kernel name of its whole disk).
 fn fs_and_disk(p: &Path) -> (String, String) {
-    let dev = std::fs::metadata(p).unwrap().dev();
-    let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
-    let dir = std::fs::canonicalize(format!("/sys/dev/block/{mm}")).unwrap();
-    let disk = if dir.join("partition").exists() {
-        dir.parent().unwrap().to_path_buf()
-    } else {
-        dir
-    };
+    let (mm, disk) = fs_and_disk_dir(p);
     (mm, disk.file_name().unwrap().to_string_lossy().into_owned())
 }
 

@@ -17,7 +17,7 @@ pub mod stack;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -320,9 +320,10 @@ pub fn count(metrics: &str, volume: &str, op: &str) -> f64 {
         .sum()
 }
 
-/// MAJ:MIN of the whole disk under `p`, the way the exporter resolves it
-/// (a partition maps to its parent disk).
-pub fn disk_of(p: &Path) -> String {
+/// MAJ:MIN of the filesystem under `p`, and the sysfs directory of its
+/// whole disk, the way the exporter resolves it (a partition maps to its
+/// parent disk).
+pub fn fs_and_disk_dir(p: &Path) -> (String, PathBuf) {
     use std::os::unix::fs::MetadataExt;
     let dev = std::fs::metadata(p).unwrap().dev();
     let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
@@ -332,6 +333,12 @@ pub fn disk_of(p: &Path) -> String {
     } else {
         dir
     };
+    (mm, disk)
+}
+
+/// MAJ:MIN of the whole disk under `p` (see [`fs_and_disk_dir`]).
+pub fn disk_of(p: &Path) -> String {
+    let (_, disk) = fs_and_disk_dir(p);
     std::fs::read_to_string(disk.join("dev"))
         .unwrap()
         .trim()

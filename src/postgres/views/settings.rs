@@ -23,8 +23,10 @@ pub struct Setting {
     pub pending_restart: bool,
 }
 
-/// Settings that decide how PostgreSQL does IO. data_directory and port
-/// are read for volume discovery and the IO limits, not exported.
+/// Settings that decide how PostgreSQL does IO: the first [`EXPORTED_LEN`]
+/// are exported as values; data_directory and port are read for volume
+/// discovery and the IO limits, and the last four for the
+/// storage-configuration audit only.
 pub const SETTINGS: &[&str] = &[
     "wal_sync_method",
     "synchronous_commit",
@@ -41,30 +43,18 @@ pub const SETTINGS: &[&str] = &[
     "wal_buffers",
     "data_directory",
     "port",
-    // Read for the storage-configuration audit only, not exported.
     "huge_pages",
     "shared_memory_size_in_huge_pages",
     "random_page_cost",
     "effective_io_concurrency",
 ];
 
+/// How many of [`SETTINGS`], from the start, are exported as values.
+const EXPORTED_LEN: usize = 13;
+
 /// Settings exported as values: the IO settings, not the paths and not
 /// what only the audit reads.
-const EXPORTED: &[&str] = &[
-    "wal_sync_method",
-    "synchronous_commit",
-    "fsync",
-    "full_page_writes",
-    "wal_compression",
-    "track_io_timing",
-    "track_wal_io_timing",
-    "shared_buffers",
-    "io_method",
-    "commit_delay",
-    "commit_siblings",
-    "max_wal_size",
-    "wal_buffers",
-];
+const EXPORTED: &[&str] = SETTINGS.split_at(EXPORTED_LEN).0;
 
 /// Rows with `pending_restart` come too, whatever their name: the audit
 /// reports every setting waiting for a restart.

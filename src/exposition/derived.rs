@@ -39,7 +39,10 @@ pub fn commit_bases(
     }
     for c in clusters {
         if c.wal_volume() == Some(v.name.as_str())
-            && let Some(ceiling) = c.wal_sync_mean.and_then(commit_ceiling)
+            && let Some(ceiling) = c
+                .wal_commit_mean
+                .or(c.wal_sync_mean)
+                .and_then(commit_ceiling)
         {
             bases.push(("postgres", ceiling));
         }
@@ -193,8 +196,8 @@ pub fn encode(
          write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99, \
          of the busy commit probes (phase=busy; the after_idle ones while no burst has run or \
          busy_every is 0). \
-         basis=postgres uses PostgreSQL's own mean WAL sync time over the window, on the \
-         cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
+         basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
+         window, on the cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
          per commit probe (docs/ceilings.md). Statement work and network round trips come on top; group commit \
          lets many clients together exceed it.",
         ceilings,

@@ -739,13 +739,24 @@ fn an_ext4_loop_device_without_barriers_is_a_critical_finding() {
 
 /// WAL symlinked onto its own (loop device) filesystem: discovery gives
 /// the data directory and pg_wal different volumes, and the shared-volume
-/// finding the other PostgreSQL tests see is absent.
+/// finding the other PostgreSQL tests see is absent. The cluster's
+/// `audit.ignore` silences the volumes of its directories, the discovered
+/// WAL volume included.
 #[test]
 fn wal_on_its_own_filesystem_has_no_shared_volume_finding() {
     if !common::loopdev::can_run("the WAL volume audit test", false) {
         return;
     }
     let lv = common::loopdev::LoopVolume::new(256 << 20, true);
+    // Mounted relatime, as ext4 is by default: an atime finding without
+    // the cluster's ignore list.
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--audit-only"])
+        .arg(&lv.mnt)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("[atime] (volume)"), "{text}");
     let waldir = lv.mnt.join("pg_wal");
     let Some(stack) = Stack::builder()
         .waldir(&waldir)
@@ -753,7 +764,11 @@ fn wal_on_its_own_filesystem_has_no_shared_volume_finding() {
         .role("mon", true)
         .config_head("window = \"1m\"\naudit_interval = \"1s\"\n")
         .volume(PG_VOLUME)
-        .cluster("c", "mon", "scrape_interval = \"500ms\"")
+        .cluster(
+            "c",
+            "mon",
+            "scrape_interval = \"500ms\"\naudit.ignore = [\"atime\"]",
+        )
         .ready_pg_up("c")
         .start()
     else {
@@ -782,6 +797,27 @@ fn wal_on_its_own_filesystem_has_no_shared_volume_finding() {
     assert!(
         sample(&m, "pgstorage_audit_evaluated_checks{cluster=\"c\"}").unwrap() >= 10.0,
         "the shared-volume check was evaluated, not skipped:\n{m}"
+    );
+    let wal = samples_with(&m, "pgstorage_cluster_volume_info", &["role=\"wal\""]);
+    let wal_volume = wal[0]
+        .0
+        .split("volume=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    assert!(
+        sample(
+            &m,
+            &format!("pgstorage_audit_evaluated_checks{{volume=\"{wal_volume}\"}}")
+        )
+        .is_some_and(|n| n > 0.0),
+        "the discovered WAL volume {wal_volume} was audited:\n{m}"
+    );
+    assert!(
+        !m.contains("code=\"atime\""),
+        "silenced by cluster c's list:\n{m}"
     );
     // PostgreSQL first: its WAL is on the loop device, which cannot be
     // unmounted while the server runs (the device would be left mounted).

@@ -1,8 +1,10 @@
-//! The storage-configuration audit in the running daemon: fixture /proc
-//! and /sys trees (`proc_root`, `sys_root`) that trigger the host and
-//! volume checks and a tree that triggers none, scraped; `audit.ignore`;
-//! re-evaluation on SIGHUP; a tmpfs volume's critical finding on the real
-//! roots; and a real PostgreSQL 18 with `fsync = off` set and reset.
+//! The storage-configuration audit in the running daemon: fixture /proc,
+//! /sys and boot-configuration trees (`proc_root`, `sys_root`,
+//! `host_root`) under which every host and volume check fires, and one
+//! under which none does, scraped (`every_check_has_a_daemon_test` keeps
+//! the list complete); `audit.ignore` per volume and per cluster;
+//! re-evaluation on SIGHUP; tmpfs and `nobarrier` volumes on the real
+//! roots; and real PostgreSQL 15 and 18 with settings set and reset.
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -503,6 +503,11 @@ fn not_persistent(h: &HostFacts) -> Found {
             "add {} to /etc/sysctl.d/90-postgresql.conf",
             differ
                 .iter()
+                // The zero the kernel put in a pair's other half follows
+                // from the line that sets the non-zero one.
+                .filter(|(n, running, ..)| {
+                    *running != 0 || GROUPS.iter().any(|g| g.len() == 1 && g.contains(n))
+                })
                 .map(|(n, running, ..)| format!("\"vm.{n} = {running}\""))
                 .collect::<Vec<_>>()
                 .join(", ")

@@ -237,6 +237,11 @@ fn a_reboot_finding_names_what_it_would_undo_and_only_that() {
         f.evidence
             .contains("dirty_ratio = 0, boot sets 20 (kernel default)")
     );
+    assert_eq!(
+        f.fix,
+        "add \"vm.dirty_bytes = 1073741824\", \"vm.dirty_background_bytes = 268435456\" \
+         to /etc/sysctl.d/90-postgresql.conf"
+    );
     // The same values written at boot: nothing to lose.
     h.boot = Some(boot(&[
         ("vm.dirty_bytes", "1073741824"),

@@ -157,7 +157,18 @@ struct Dirs {
     root: std::path::PathBuf,
 }
 
+fn shm_is_tmpfs() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" /dev/shm ") && l.contains(" - tmpfs "))
+}
+
 fn dirs() -> Dirs {
+    assert!(
+        shm_is_tmpfs(),
+        "/dev/shm is not a tmpfs: the fixture needs a volume whose syncs are really instant"
+    );
     let disk = tempfile::tempdir().unwrap();
     let shm = tempfile::tempdir_in("/dev/shm").unwrap();
     let vols = VOLUMES
@@ -405,11 +416,7 @@ fn a_quiet_fixture_has_no_finding_but_counts_its_checks() {
 #[test]
 fn a_tmpfs_volume_is_a_critical_finding() {
     let shm = Path::new("/dev/shm");
-    let is_tmpfs = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.contains(" /dev/shm ") && l.contains(" - tmpfs "));
-    if !is_tmpfs {
+    if !shm_is_tmpfs() {
         assert!(!ci(), "/dev/shm is not tmpfs on this CI machine");
         eprintln!("skipped: /dev/shm is not a tmpfs here");
         return;

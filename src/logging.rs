@@ -190,49 +190,54 @@ fn render(
     meta: &Metadata<'_>,
     f: &Fields,
 ) -> Result<String, fmt::Error> {
+    let mut time = String::new();
+    write_time(&mut time, now, json)?;
+    // The four keys first, then the event's own: one list, written in
+    // either format.
+    let head = [
+        ("time", Value::Str(time)),
+        ("level", Value::Str(level_name(meta.level()).to_string())),
+        ("source", Value::Str(source(meta))),
+    ];
+    let msg = Value::Str(f.msg.clone());
+    let fields = head
+        .iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .chain(std::iter::once(("msg".to_string(), &msg)))
+        .chain(f.rest.iter().map(|(k, v)| {
+            let k = if KEYS.contains(k) {
+                format!("logged_{k}")
+            } else {
+                k.to_string()
+            };
+            (k, v)
+        }));
     let mut out = String::with_capacity(160 + 32 * f.rest.len());
-    let source = source(meta);
-    let level = level_name(meta.level());
-    let key = |k: &'static str| -> String {
-        if KEYS.contains(&k) {
-            format!("logged_{k}")
-        } else {
-            k.to_string()
-        }
-    };
     if json {
-        out.push_str("{\"time\":\"");
-        write_time(&mut out, now, true)?;
-        write!(out, "\",\"level\":\"{level}\",\"source\":")?;
-        json_str(&mut out, &source);
-        out.push_str(",\"msg\":");
-        json_str(&mut out, &f.msg);
-        for (k, v) in &f.rest {
-            out.push(',');
-            json_str(&mut out, &key(k));
+        out.push('{');
+    }
+    for (i, (k, v)) in fields.enumerate() {
+        if json {
+            if i > 0 {
+                out.push(',');
+            }
+            json_str(&mut out, &k);
             out.push(':');
             match v {
                 Value::Str(s) => json_str(&mut out, s),
                 Value::F64(x) if !x.is_finite() => json_str(&mut out, &x.to_string()),
                 other => out.push_str(&text(other)),
             }
-        }
-        out.push_str("}\n");
-    } else {
-        out.push_str("time=");
-        write_time(&mut out, now, false)?;
-        write!(out, " level={level} source=")?;
-        logfmt_value(&mut out, &source);
-        out.push_str(" msg=");
-        logfmt_value(&mut out, &f.msg);
-        for (k, v) in &f.rest {
-            out.push(' ');
-            logfmt_value(&mut out, &key(k));
+        } else {
+            if i > 0 {
+                out.push(' ');
+            }
+            logfmt_value(&mut out, &k);
             out.push('=');
             logfmt_value(&mut out, &text(v));
         }
-        out.push('\n');
     }
+    out.push_str(if json { "}\n" } else { "\n" });
     Ok(out)
 }
 

@@ -1,8 +1,10 @@
-//! The storage-configuration audit in the running daemon: fixture /proc
-//! and /sys trees (`proc_root`, `sys_root`) that trigger the host and
-//! volume checks and a tree that triggers none, scraped; `audit.ignore`;
-//! re-evaluation on SIGHUP; a tmpfs volume's critical finding on the real
-//! roots; and a real PostgreSQL 18 with `fsync = off` set and reset.
+//! The storage-configuration audit in the running daemon: fixture /proc,
+//! /sys and boot-configuration trees (`proc_root`, `sys_root`,
+//! `host_root`) under which every host and volume check fires, and one
+//! under which none does, scraped (`every_check_has_a_daemon_test` keeps
+//! the list complete); `audit.ignore` per volume and per cluster;
+//! re-evaluation on SIGHUP; tmpfs and `nobarrier` volumes on the real
+//! roots; and real PostgreSQL 15 and 18 with settings set and reset.
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -15,118 +17,271 @@ use std::time::Duration;
 use common::pg::PgKind;
 use common::stack::Stack;
 use common::*;
+use pg_storage_exporter::audit::{CHECKS, Scope};
 
-/// (MAJ:MIN of the filesystem, kernel name of its whole disk).
-fn fs_and_disk(p: &Path) -> (String, String) {
-    let (mm, disk) = fs_and_disk_dir(p);
-    (mm, disk.file_name().unwrap().to_string_lossy().into_owned())
-}
+/// Probe settings every test volume uses: fast, small, no reserve.
+const PROBE_KEYS: &str =
+    "interval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n";
 
-struct Fixture {
-    swappiness: u32,
-    overcommit: u32,
-    zone_reclaim: u32,
-    dirty_ratio: u32,
-    dirty_background_ratio: u32,
-    thp: &'static str,
+/// What the fixture mountinfo says about one volume's filesystem.
+struct Mount {
+    fstype: &'static str,
     mount_opts: &'static str,
     super_opts: &'static str,
+}
+
+const fn mount(fstype: &'static str, mount_opts: &'static str, super_opts: &'static str) -> Mount {
+    Mount {
+        fstype,
+        mount_opts,
+        super_opts,
+    }
+}
+
+/// The fixture volumes: (name, under /dev/shm). A volume in memory syncs
+/// in about a microsecond, really, whatever the fixture says its
+/// filesystem is: that is the probe's honest `sync_too_fast` evidence
+/// behind `volatile_write_cache`. The other lives on the disk under the
+/// temp directory, whose syncs take a real round trip. `Fixture::mounts`
+/// follows this order.
+const VOLUMES: [(&str, bool); 3] = [("v", false), ("w", true), ("m", true)];
+
+/// One state of the host as the fixture roots show it, and the host and
+/// volume codes the audit must report for it, in any scope.
+struct Fixture {
+    /// /proc/sys/vm values (64 GiB of RAM in /proc/meminfo).
+    vm: [(&'static str, u32); 7],
+    thp: &'static str,
+    /// `host_root`/etc/sysctl.d/90-postgresql.conf.
+    boot_conf: &'static str,
+    /// The queue/ of the one disk under every volume.
     scheduler: &'static str,
     rotational: u32,
+    write_cache: &'static str,
     read_ahead_kb: u32,
+    mounts: [Mount; 3],
+    expect: &'static [&'static str],
 }
 
+const GOOD_VM: [(&str, u32); 7] = [
+    ("swappiness", 1),
+    ("overcommit_memory", 2),
+    ("zone_reclaim_mode", 0),
+    ("dirty_ratio", 5),
+    ("dirty_bytes", 0),
+    ("dirty_background_ratio", 1),
+    ("dirty_background_bytes", 0),
+];
+
+const GOOD_BOOT: &str = "vm.swappiness = 1\nvm.overcommit_memory = 2\n\
+                         vm.dirty_ratio = 5\nvm.dirty_background_ratio = 1\n";
+
+const GOOD_MOUNTS: [Mount; 3] = [
+    mount("ext4", "rw,noatime", "rw,data=ordered"),
+    mount("xfs", "rw,noatime", "rw"),
+    mount("xfs", "rw,noatime", "rw"),
+];
+
+/// Every host and volume check fires but the reboot one: running values
+/// that are all bad have nothing a reboot could undo.
 const BAD: Fixture = Fixture {
-    swappiness: 60,
-    overcommit: 0,
-    zone_reclaim: 1,
-    dirty_ratio: 20,
-    dirty_background_ratio: 10,
+    vm: [
+        ("swappiness", 60),
+        ("overcommit_memory", 0),
+        ("zone_reclaim_mode", 1),
+        ("dirty_ratio", 20),
+        ("dirty_bytes", 0),
+        ("dirty_background_ratio", 10),
+        ("dirty_background_bytes", 0),
+    ],
     thp: "[always] madvise never",
-    mount_opts: "rw,relatime",
-    super_opts: "rw,nobarrier,data=writeback",
+    boot_conf: "",
     scheduler: "mq-deadline kyber [bfq] none",
     rotational: 0,
+    write_cache: "write back",
     read_ahead_kb: 4096,
+    mounts: [
+        mount("ext4", "rw,relatime", "rw,nobarrier,data=writeback"),
+        // atime is silenced for w in the configuration.
+        mount("btrfs", "rw,relatime", "rw"),
+        mount("tmpfs", "rw,noatime", "rw"),
+    ],
+    expect: &[
+        "thp_always",
+        "dirty_ratio_large",
+        "dirty_background_ratio_large",
+        "swappiness_high",
+        "zone_reclaim_on",
+        "overcommit_not_strict",
+        "memory_filesystem",
+        "barriers_off",
+        "volatile_write_cache",
+        "ext4_data_writeback",
+        "scheduler_on_ssd",
+        "read_ahead_large",
+        "atime",
+        "filesystem_choice",
+    ],
 };
 
-const GOOD: Fixture = Fixture {
-    swappiness: 1,
-    overcommit: 2,
-    zone_reclaim: 0,
-    dirty_ratio: 5,
-    dirty_background_ratio: 1,
+/// Tuned by hand, and the boot configuration says nothing.
+const HAND_TUNED: Fixture = Fixture {
+    vm: GOOD_VM,
     thp: "always [madvise] never",
-    mount_opts: "rw,noatime",
-    super_opts: "rw,data=ordered",
+    boot_conf: "# nothing for vm.*\nkernel.panic = 10\n",
     scheduler: "[none] mq-deadline",
     rotational: 0,
+    write_cache: "write through",
     read_ahead_kb: 128,
+    mounts: GOOD_MOUNTS,
+    expect: &["sysctl_not_persistent"],
 };
 
-/// Writes proc/ and sys/ under `root` for the volume at `vol` (64 GiB of
-/// RAM, the volume's filesystem mounted at `vol` itself).
-fn write_fixture(root: &Path, vol: &Path, f: &Fixture) {
-    let (mm, disk) = fs_and_disk(vol);
-    let vm = root.join("proc/sys/vm");
-    std::fs::create_dir_all(&vm).unwrap();
-    std::fs::create_dir_all(root.join("proc/self")).unwrap();
-    for (k, v) in [
-        ("swappiness", f.swappiness),
-        ("overcommit_memory", f.overcommit),
-        ("zone_reclaim_mode", f.zone_reclaim),
-        ("dirty_ratio", f.dirty_ratio),
-        ("dirty_bytes", 0),
-        ("dirty_background_ratio", f.dirty_background_ratio),
-        ("dirty_background_bytes", 0),
-    ] {
-        std::fs::write(vm.join(k), format!("{v}\n")).unwrap();
-    }
-    std::fs::write(
-        root.join("proc/meminfo"),
-        "MemTotal:       67108864 kB\nHugePages_Total:       0\n",
-    )
-    .unwrap();
-    std::fs::write(
-        root.join("proc/self/mountinfo"),
-        format!(
-            "22 1 {mm} / {} {} shared:1 - ext4 /dev/{disk} {}\n",
-            vol.display(),
-            f.mount_opts,
-            f.super_opts
-        ),
-    )
-    .unwrap();
-    let thp = root.join("sys/kernel/mm/transparent_hugepage");
-    std::fs::create_dir_all(&thp).unwrap();
-    std::fs::write(thp.join("enabled"), format!("{}\n", f.thp)).unwrap();
-    let q = root.join("sys/block").join(&disk).join("queue");
-    std::fs::create_dir_all(&q).unwrap();
-    // The exporter resolves the volume's disk through sys_root too.
-    std::fs::write(
-        root.join("sys/block").join(&disk).join("dev"),
-        format!("{mm}\n"),
-    )
-    .unwrap();
-    let link = root.join("sys/dev/block").join(&mm);
-    if !link.exists() {
-        std::fs::create_dir_all(root.join("sys/dev/block")).unwrap();
-        std::os::unix::fs::symlink(format!("../../block/{disk}"), &link).unwrap();
-    }
-    std::fs::write(q.join("scheduler"), format!("{}\n", f.scheduler)).unwrap();
-    std::fs::write(q.join("rotational"), format!("{}\n", f.rotational)).unwrap();
-    std::fs::write(q.join("write_cache"), "write through\n").unwrap();
-    std::fs::write(q.join("read_ahead_kb"), format!("{}\n", f.read_ahead_kb)).unwrap();
+/// Tuned, and made at boot too.
+const GOOD: Fixture = Fixture {
+    boot_conf: GOOD_BOOT,
+    expect: &[],
+    ..HAND_TUNED
+};
+
+/// The triggering fixtures: together they must show every host and
+/// volume code (see `every_check_has_a_daemon_test`).
+const TRIGGERING: [&Fixture; 2] = [&BAD, &HAND_TUNED];
+
+/// The fixture volumes' directories: one in the temp directory, the
+/// others in a temp directory under /dev/shm.
+struct Dirs {
+    _disk: tempfile::TempDir,
+    _shm: tempfile::TempDir,
+    vols: Vec<std::path::PathBuf>,
+    root: std::path::PathBuf,
 }
 
-fn config(root: &Path, vol: &Path, extra_volume_keys: &str) -> String {
-    format!(
-        "audit_interval = \"1h\"\nproc_root = \"{}\"\nsys_root = \"{}\"\n\
-         [[volume]]\nname = \"v\"\npath = \"{}\"\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n{extra_volume_keys}",
-        root.join("proc").display(),
-        root.join("sys").display(),
-        vol.display()
-    )
+fn shm_is_tmpfs() -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" /dev/shm ") && l.contains(" - tmpfs "))
+}
+
+fn dirs() -> Dirs {
+    assert!(
+        shm_is_tmpfs(),
+        "/dev/shm is not a tmpfs: the fixture needs a volume whose syncs are really instant"
+    );
+    let disk = tempfile::tempdir().unwrap();
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let vols = VOLUMES
+        .iter()
+        .map(|(name, in_memory)| {
+            let d = if *in_memory { shm.path() } else { disk.path() }.join(name);
+            std::fs::create_dir(&d).unwrap();
+            d
+        })
+        .collect();
+    let root = disk.path().join("roots");
+    Dirs {
+        _disk: disk,
+        _shm: shm,
+        vols,
+        root,
+    }
+}
+
+fn put(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// Writes proc/, sys/ and host/ under `d.root`. Every volume's filesystem
+/// is mounted at the volume's directory; all but tmpfs have the disk
+/// under the temp directory as their source, as btrfs or a bind mount
+/// would (the exporter then finds that disk through `sys_root`).
+fn write_fixture(d: &Dirs, f: &Fixture) {
+    let root = &d.root;
+    let (disk_mm, disk_dir) = fs_and_disk_dir(&d.vols[0]);
+    let disk = disk_dir.file_name().unwrap().to_string_lossy().into_owned();
+    let node = Path::new("/dev").join(&disk);
+    assert!(
+        std::fs::metadata(&node)
+            .map(|m| std::os::unix::fs::FileTypeExt::is_block_device(&m.file_type()))
+            .unwrap_or(false),
+        "{} is not a block device node: the fixture needs it as a mount source",
+        node.display()
+    );
+    for (k, v) in f.vm {
+        put(&root.join("proc/sys/vm").join(k), &format!("{v}\n"));
+    }
+    put(
+        &root.join("proc/meminfo"),
+        "MemTotal:       67108864 kB\nHugePages_Total:       0\n",
+    );
+    put(&root.join("proc/cmdline"), "BOOT_IMAGE=/vmlinuz ro quiet\n");
+    let mut mountinfo = String::new();
+    for (i, (vol, m)) in d.vols.iter().zip(&f.mounts).enumerate() {
+        let mm = majmin_of(vol);
+        let source = if m.fstype == "tmpfs" {
+            "tmpfs".to_string()
+        } else {
+            node.display().to_string()
+        };
+        mountinfo += &format!(
+            "{} 1 {mm} / {} {} shared:1 - {} {source} {}\n",
+            30 + i,
+            vol.display(),
+            m.mount_opts,
+            m.fstype,
+            m.super_opts
+        );
+    }
+    put(&root.join("proc/self/mountinfo"), &mountinfo);
+    put(
+        &root.join("sys/kernel/mm/transparent_hugepage/enabled"),
+        &format!("{}\n", f.thp),
+    );
+    let block = root.join("sys/block").join(&disk);
+    let disk_majmin = std::fs::read_to_string(disk_dir.join("dev")).unwrap();
+    for (file, text) in [
+        ("dev", disk_majmin.trim().to_string()),
+        ("queue/scheduler", f.scheduler.to_string()),
+        ("queue/rotational", f.rotational.to_string()),
+        ("queue/write_cache", f.write_cache.to_string()),
+        ("queue/read_ahead_kb", f.read_ahead_kb.to_string()),
+    ] {
+        put(&block.join(file), &format!("{text}\n"));
+    }
+    // The exporter resolves a MAJ:MIN to its disk through sys_root too.
+    let links = root.join("sys/dev/block");
+    std::fs::create_dir_all(&links).unwrap();
+    for mm in [disk_mm.as_str(), disk_majmin.trim()] {
+        let link = links.join(mm);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("../../block/{disk}"), &link).unwrap();
+        }
+    }
+    put(
+        &root.join("host/etc/sysctl.d/90-postgresql.conf"),
+        f.boot_conf,
+    );
+}
+
+fn fixture_config(d: &Dirs) -> String {
+    let mut c = format!(
+        "audit_interval = \"1h\"\nproc_root = \"{}\"\nsys_root = \"{}\"\nhost_root = \"{}\"\n",
+        d.root.join("proc").display(),
+        d.root.join("sys").display(),
+        d.root.join("host").display(),
+    );
+    for ((name, _), dir) in VOLUMES.iter().zip(&d.vols) {
+        c += &format!(
+            "[[volume]]\nname = \"{name}\"\npath = \"{}\"\n{PROBE_KEYS}",
+            dir.display()
+        );
+        if *name == "w" {
+            c += "audit.ignore = [\"atime\"]\n";
+        }
+    }
+    c
 }
 
 fn findings(m: &str) -> Vec<String> {
@@ -139,84 +294,129 @@ fn findings(m: &str) -> Vec<String> {
     v
 }
 
+/// The distinct codes of the audit's findings in a scrape.
+fn codes(m: &str) -> std::collections::BTreeSet<String> {
+    samples_with(m, "pgstorage_audit_finding", &[])
+        .iter()
+        .filter_map(|(labels, _)| {
+            let rest = labels.split("code=\"").nth(1)?;
+            Some(rest.split('"').next()?.to_string())
+        })
+        .collect()
+}
+
 fn audited(m: &str) -> bool {
     sample(m, "pgstorage_audit_runs_total").is_some_and(|r| r >= 1.0)
 }
 
-#[test]
-fn fixture_roots_trigger_host_and_volume_findings_and_sighup_reevaluates() {
-    let dir = tempfile::tempdir().unwrap();
-    let vol = dir.path().join("vol");
-    std::fs::create_dir(&vol).unwrap();
-    let root = dir.path().join("roots");
-    write_fixture(&root, &vol, &BAD);
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(&cfg, config(&root, &vol, "audit.ignore = [\"atime\"]\n")).unwrap();
-    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
-    let m = ex.wait_for("an audit pass", Duration::from_secs(30), audited);
-    let got = findings(&m);
-    eprintln!("{}", got.join("\n"));
-    let want = [
-        "{code=\"thp_always\",severity=\"warning\"}",
-        "{code=\"dirty_ratio_large\",severity=\"warning\"}",
-        "{code=\"dirty_background_ratio_large\",severity=\"warning\"}",
-        "{code=\"swappiness_high\",severity=\"warning\"}",
-        "{code=\"zone_reclaim_on\",severity=\"warning\"}",
-        "{code=\"overcommit_not_strict\",severity=\"warning\"}",
-        "{code=\"barriers_off\",severity=\"critical\",volume=\"v\"}",
-        "{code=\"ext4_data_writeback\",severity=\"warning\",volume=\"v\"}",
-        "{code=\"scheduler_on_ssd\",severity=\"warning\",volume=\"v\"}",
-        "{code=\"read_ahead_large\",severity=\"warning\",volume=\"v\"}",
-    ];
-    for w in want {
-        let series = format!("pgstorage_audit_finding{w}");
-        assert!(got.contains(&series), "missing {series}:\n{m}");
-    }
-    // Silenced for this volume in the configuration.
-    assert!(!m.contains("code=\"atime\""), "{m}");
-    assert_eq!(got.len(), want.len(), "{got:#?}");
-    assert_eq!(sample(&m, "pgstorage_audit_errors_total"), Some(0.0));
-    assert!(sample(&m, "pgstorage_audit_checks_total{result=\"evaluated\"}").unwrap() >= 12.0);
-
-    // Fixed on the host: a reload re-runs the audit at once, although
-    // audit_interval is an hour.
-    write_fixture(&root, &vol, &GOOD);
-    ex.signal(libc::SIGHUP);
-    let m = ex.wait_for("findings gone after SIGHUP", Duration::from_secs(30), |m| {
-        audited(m) && findings(m).is_empty()
+/// The daemon's scrape once its findings are exactly the fixture's.
+fn wait_for_codes(ex: &Exporter, f: &Fixture, what: &str) -> String {
+    let want: std::collections::BTreeSet<String> = f.expect.iter().map(|c| c.to_string()).collect();
+    // volatile_write_cache needs the probe's first samples: the pass at
+    // start has none, the one 10 s later has them.
+    let m = ex.wait_for(what, Duration::from_secs(40), |m| {
+        audited(m) && codes(m) == want
     });
+    eprintln!("{what}:\n{}", findings(&m).join("\n"));
+    m
+}
+
+#[test]
+fn fixture_roots_trigger_every_host_and_volume_check_and_sighup_reevaluates() {
+    let d = dirs();
+    write_fixture(&d, &BAD);
+    let cfg = d.root.with_file_name("c.toml");
+    std::fs::write(&cfg, fixture_config(&d)).unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let m = wait_for_codes(
+        &ex,
+        &BAD,
+        "every host and volume finding but the reboot one",
+    );
+    // Where the memory filesystem and the fast syncs are.
+    for series in [
+        "{code=\"memory_filesystem\",severity=\"critical\",volume=\"m\"}",
+        "{code=\"volatile_write_cache\",severity=\"critical\",volume=\"w\"}",
+        "{code=\"filesystem_choice\",severity=\"info\",volume=\"w\"}",
+        "{code=\"atime\",severity=\"info\",volume=\"v\"}",
+    ] {
+        let s = format!("pgstorage_audit_finding{series}");
+        assert_eq!(sample(&m, &s), Some(1.0), "missing {s}:\n{m}");
+    }
+    // The disk under v syncs at disk speed; atime is silenced for w.
+    assert!(!m.contains("code=\"volatile_write_cache\",severity=\"critical\",volume=\"v\""));
     assert!(
-        sample(&m, "pgstorage_audit_runs_total").unwrap() >= 2.0,
+        !m.contains("code=\"atime\",severity=\"info\",volume=\"w\""),
+        "{m}"
+    );
+    assert_eq!(sample(&m, "pgstorage_audit_errors_total"), Some(0.0));
+    promtool_check_metrics(&m);
+
+    // Fixed by hand: a reload re-runs the audit at once, although
+    // audit_interval is an hour, and only the reboot finding is left.
+    write_fixture(&d, &HAND_TUNED);
+    ex.signal(libc::SIGHUP);
+    let m = wait_for_codes(&ex, &HAND_TUNED, "after SIGHUP, tuned by hand");
+    assert_eq!(
+        sample(
+            &m,
+            "pgstorage_audit_finding{code=\"sysctl_not_persistent\",severity=\"warning\"}"
+        ),
+        Some(1.0),
         "{m}"
     );
     promtool_check_metrics(&m);
+
+    // And written down for the next boot.
+    write_fixture(&d, &GOOD);
+    ex.signal(libc::SIGHUP);
+    let m = wait_for_codes(&ex, &GOOD, "after SIGHUP, persistent");
+    assert!(
+        sample(&m, "pgstorage_audit_runs_total").unwrap() >= 3.0,
+        "{m}"
+    );
 }
 
 #[test]
 fn a_quiet_fixture_has_no_finding_but_counts_its_checks() {
-    let dir = tempfile::tempdir().unwrap();
-    let vol = dir.path().join("vol");
-    std::fs::create_dir(&vol).unwrap();
-    let root = dir.path().join("roots");
-    write_fixture(&root, &vol, &GOOD);
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(&cfg, config(&root, &vol, "")).unwrap();
+    let d = dirs();
+    write_fixture(&d, &GOOD);
+    let cfg = d.root.with_file_name("c.toml");
+    std::fs::write(&cfg, fixture_config(&d)).unwrap();
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
-    let m = ex.wait_for("an audit pass", Duration::from_secs(30), audited);
+    // Past the pass that has the probe's samples, so the fast syncs of
+    // the volumes in memory were judged (and the cache is write through).
+    let m = ex.wait_for("two audit passes", Duration::from_secs(40), |m| {
+        sample(m, "pgstorage_audit_runs_total").is_some_and(|r| r >= 2.0)
+    });
     assert!(findings(&m).is_empty(), "{m}");
-    // "No finding" is not "not checked": the checks ran.
-    assert!(sample(&m, "pgstorage_audit_checks_total{result=\"evaluated\"}").unwrap() >= 12.0);
+    // "No finding" is not "not checked": every host and volume check ran
+    // (m is tmpfs-free here, so its disk checks ran as well).
+    let host_volume = CHECKS.iter().filter(|c| c.scope != Scope::Cluster).count();
+    let per_volume = CHECKS.iter().filter(|c| c.scope == Scope::Volume).count();
+    assert_eq!(
+        sample(&m, "pgstorage_audit_evaluated_checks "),
+        Some((host_volume - per_volume) as f64),
+        "{m}"
+    );
+    for (name, _) in VOLUMES {
+        assert_eq!(
+            sample(
+                &m,
+                &format!("pgstorage_audit_evaluated_checks{{volume=\"{name}\"}}")
+            ),
+            Some(per_volume as f64),
+            "{m}"
+        );
+    }
     assert!(m.contains("# TYPE pgstorage_audit_finding gauge"), "{m}");
+    promtool_check_metrics(&m);
 }
 
 #[test]
 fn a_tmpfs_volume_is_a_critical_finding() {
     let shm = Path::new("/dev/shm");
-    let is_tmpfs = std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.contains(" /dev/shm ") && l.contains(" - tmpfs "));
-    if !is_tmpfs {
+    if !shm_is_tmpfs() {
         assert!(!ci(), "/dev/shm is not tmpfs on this CI machine");
         eprintln!("skipped: /dev/shm is not a tmpfs here");
         return;
@@ -226,7 +426,7 @@ fn a_tmpfs_volume_is_a_critical_finding() {
     std::fs::write(
         &cfg,
         format!(
-            "[[volume]]\nname = \"scratch\"\npath = \"{}\"\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n",
+            "[[volume]]\nname = \"scratch\"\npath = \"{}\"\n{PROBE_KEYS}",
             dir.path().display()
         ),
     )
@@ -305,6 +505,10 @@ fn an_unknown_code_in_an_ignore_list_is_refused_with_its_key() {
 
 const MON_PASSWORD: &str = "Mon-Pa55word-4-tests";
 
+/// The probed volume of the PostgreSQL tests.
+const PG_VOLUME: &str =
+    "interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"";
+
 /// One setting the audit judges: the statements that make the finding
 /// appear, the ones that make it go, and its series.
 struct PgCase {
@@ -364,6 +568,55 @@ const PG_CASES: &[PgCase] = &[
     },
 ];
 
+/// Cluster checks no daemon test here triggers, and why: the real
+/// PostgreSQL tests run on this machine's own disks and memory.
+const UNIT_ONLY: &[(&str, &str)] = &[
+    (
+        "huge_pages_shortfall",
+        "huge_pages changes only with a restart, and the shortfall depends on the \
+         host's reserved huge pages",
+    ),
+    (
+        "random_page_cost_default",
+        "needs the data directory on non-rotational storage",
+    ),
+    (
+        "effective_io_concurrency_low",
+        "needs the data directory on non-rotational storage",
+    ),
+];
+
+/// Every code of the audit's table is triggered through a scraped daemon
+/// somewhere in this file, or says why not: a new check without a
+/// daemon test fails here.
+#[test]
+fn every_check_has_a_daemon_test() {
+    let mut covered: Vec<&str> = TRIGGERING
+        .iter()
+        .flat_map(|f| f.expect.iter().copied())
+        .collect();
+    // The host and volume codes come from the fixtures...
+    for c in CHECKS.iter().filter(|c| c.scope != Scope::Cluster) {
+        assert!(
+            covered.contains(&c.code),
+            "{}: no triggering fixture expects it",
+            c.code
+        );
+    }
+    assert!(GOOD.expect.is_empty());
+    // ... the cluster codes from real PostgreSQL.
+    covered.extend(PG_CASES.iter().map(|c| c.code));
+    covered.push("wal_shares_data_volume");
+    for c in CHECKS.iter().filter(|c| c.scope == Scope::Cluster) {
+        let why = UNIT_ONLY.iter().find(|(code, _)| *code == c.code);
+        assert!(
+            covered.contains(&c.code) != why.is_some(),
+            "{}: covered by a daemon test and listed in UNIT_ONLY, or neither",
+            c.code
+        );
+    }
+}
+
 /// Each case: absent (or reset first), set + reload → present within a
 /// few audit intervals, reset + reload → gone. The exporter's role is
 /// read-only (pg_monitor); the statements run as the server's superuser.
@@ -373,7 +626,7 @@ fn settings_appear_and_go(kind: PgKind) {
         .password(MON_PASSWORD)
         .role("mon", true)
         .config_head("window = \"1m\"\naudit_interval = \"1s\"\n")
-        .volume("interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
+        .volume(PG_VOLUME)
         .cluster("c", "mon", "scrape_interval = \"500ms\"")
         .ready_pg_up("c")
         .start()
@@ -477,9 +730,7 @@ fn an_ext4_loop_device_without_barriers_is_a_critical_finding() {
     let cfg = dir.path().join("c.toml");
     std::fs::write(
         &cfg,
-        format!(
-            "[[volume]]\nname = \"nb\"\npath = \"{mnt}\"\ninterval = \"200ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n"
-        ),
+        format!("[[volume]]\nname = \"nb\"\npath = \"{mnt}\"\n{PROBE_KEYS}"),
     )
     .unwrap();
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
@@ -497,21 +748,36 @@ fn an_ext4_loop_device_without_barriers_is_a_critical_finding() {
 
 /// WAL symlinked onto its own (loop device) filesystem: discovery gives
 /// the data directory and pg_wal different volumes, and the shared-volume
-/// finding the other PostgreSQL tests see is absent.
+/// finding the other PostgreSQL tests see is absent. The cluster's
+/// `audit.ignore` silences the volumes of its directories, the discovered
+/// WAL volume included.
 #[test]
 fn wal_on_its_own_filesystem_has_no_shared_volume_finding() {
     if !common::loopdev::can_run("the WAL volume audit test", false) {
         return;
     }
     let lv = common::loopdev::LoopVolume::new(256 << 20, true);
+    // Mounted relatime, as ext4 is by default: an atime finding without
+    // the cluster's ignore list.
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--audit-only"])
+        .arg(&lv.mnt)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("[atime] (volume)"), "{text}");
     let waldir = lv.mnt.join("pg_wal");
     let Some(stack) = Stack::builder()
         .waldir(&waldir)
         .password(MON_PASSWORD)
         .role("mon", true)
         .config_head("window = \"1m\"\naudit_interval = \"1s\"\n")
-        .volume("interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
-        .cluster("c", "mon", "scrape_interval = \"500ms\"")
+        .volume(PG_VOLUME)
+        .cluster(
+            "c",
+            "mon",
+            "scrape_interval = \"500ms\"\naudit.ignore = [\"atime\"]",
+        )
         .ready_pg_up("c")
         .start()
     else {
@@ -541,6 +807,27 @@ fn wal_on_its_own_filesystem_has_no_shared_volume_finding() {
         sample(&m, "pgstorage_audit_evaluated_checks{cluster=\"c\"}").unwrap() >= 10.0,
         "the shared-volume check was evaluated, not skipped:\n{m}"
     );
+    let wal = samples_with(&m, "pgstorage_cluster_volume_info", &["role=\"wal\""]);
+    let wal_volume = wal[0]
+        .0
+        .split("volume=\"")
+        .nth(1)
+        .unwrap()
+        .split('"')
+        .next()
+        .unwrap();
+    assert!(
+        sample(
+            &m,
+            &format!("pgstorage_audit_evaluated_checks{{volume=\"{wal_volume}\"}}")
+        )
+        .is_some_and(|n| n > 0.0),
+        "the discovered WAL volume {wal_volume} was audited:\n{m}"
+    );
+    assert!(
+        !m.contains("code=\"atime\""),
+        "silenced by cluster c's list:\n{m}"
+    );
     // PostgreSQL first: its WAL is on the loop device, which cannot be
     // unmounted while the server runs (the device would be left mounted).
     drop(stack);
@@ -559,7 +846,7 @@ fn check_audit_only_with_a_dsn_adds_the_cluster_findings() {
             pg.psql("ALTER SYSTEM SET fsync = off");
             pg.psql("SELECT pg_reload_conf()");
         })
-        .volume("interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
+        .volume(PG_VOLUME)
         .start()
     else {
         return;
@@ -614,7 +901,7 @@ fn a_cluster_connecting_after_the_first_pass_is_audited_soon() {
         .password(MON_PASSWORD)
         .role("mon", true)
         .config_head("window = \"1m\"\naudit_interval = \"1h\"\n")
-        .volume("interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"")
+        .volume(PG_VOLUME)
         .cluster("c", "mon", "scrape_interval = \"500ms\"")
         .ready_pg_up("c")
         .start()

@@ -10,6 +10,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::audit::{self, AuditState, ClusterFacts, PgSetting, Report, VolumeFacts};
 use crate::config::AuditSettings;
 use crate::model::verdict::SUSPICIOUS_SYNC_SECONDS;
+use crate::postgres::views::checkpoints::Checkpoints;
+use crate::postgres::views::settings::Setting;
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
 use crate::types::{Op, Phase, series};
@@ -89,9 +91,11 @@ fn sync_too_fast(v: &crate::probe::state::VolumeState) -> Option<bool> {
 
 /// One pass: blocking reads, then pure evaluation.
 pub fn pass(i: &AuditInputs) -> Report {
-    let (host_facts, mut errors) = audit::read::host(&i.proc_root, &i.sys_root);
+    let (host_facts, mut errors) =
+        audit::read::host_at(&i.proc_root, &i.sys_root, &i.settings.host_root);
     let mut host = audit::evaluate_host(&host_facts);
     host.ignore(&i.settings.ignore);
+    let snapshots = i.clusters.snapshots();
     let mut volume_facts: Vec<(String, VolumeFacts)> = Vec::new();
     let mut volumes = Vec::new();
     for v in i.volumes.list() {
@@ -105,14 +109,20 @@ pub fn pass(i: &AuditInputs) -> Report {
         );
         errors.0.extend(e.0);
         let mut o = audit::evaluate_volume(&facts);
-        o.ignore(&i.settings.for_volume(&v.name));
+        // The clusters whose data directory, WAL or tablespaces are on it.
+        let of: Vec<&str> = snapshots
+            .iter()
+            .filter(|c| c.volumes.iter().any(|(name, _)| *name == v.name))
+            .map(|c| c.name.as_str())
+            .collect();
+        o.ignore(&i.settings.for_volume(&v.name, &of));
         volumes.push((v.name.clone(), o));
         volume_facts.push((v.name.clone(), facts));
     }
     let mut clusters = Vec::new();
-    for c in i.clusters.snapshots() {
+    for c in &snapshots {
         // Not connected yet, or lost: nothing read, nothing checked.
-        let Some(facts) = cluster_facts(&c, &volume_facts, host_facts.hugepages_total) else {
+        let Some(facts) = snapshot_facts(c, &volume_facts, host_facts.hugepages_total) else {
             continue;
         };
         let mut o = audit::evaluate_cluster(&facts);
@@ -127,7 +137,46 @@ pub fn pass(i: &AuditInputs) -> Report {
     }
 }
 
-pub fn cluster_facts(
+/// Where a cluster's directories are, as far as this process can tell.
+#[derive(Debug, Default)]
+struct Placement {
+    /// Filesystem ids of the data directory and of pg_wal.
+    data_fs: Option<String>,
+    wal_fs: Option<String>,
+    data_nonrotational: Option<bool>,
+}
+
+/// The cluster's facts from what its session read, wherever it was read
+/// (the daemon's collector or `check --pg.dsn`'s one session).
+fn cluster_facts(
+    settings: &[Setting],
+    checkpoints: Option<&Checkpoints>,
+    at: Placement,
+    hugepages_total: Option<u64>,
+) -> ClusterFacts {
+    ClusterFacts {
+        settings: settings
+            .iter()
+            .map(|s| PgSetting {
+                name: s.name.clone(),
+                setting: s.value.clone(),
+                numeric: s.numeric,
+                source: s.source.clone(),
+                pending_restart: s.pending_restart,
+            })
+            .collect(),
+        checkpoints_timed: checkpoints.and_then(|p| p.timed),
+        checkpoints_requested: checkpoints.and_then(|p| p.requested),
+        data_fs: at.data_fs,
+        wal_fs: at.wal_fs,
+        data_nonrotational: at.data_nonrotational,
+        hugepages_total,
+    }
+}
+
+/// The daemon's cluster facts: the collector's latest read, placed by
+/// discovery's volumes; `None` while the collector has read nothing.
+fn snapshot_facts(
     c: &ClusterSnapshot,
     volumes: &[(String, VolumeFacts)],
     hugepages_total: Option<u64>,
@@ -146,25 +195,17 @@ pub fn cluster_facts(
         let f = &volumes.iter().find(|(n, _)| n == d)?.1;
         f.rotational.map(|r| !r)
     });
-    Some(ClusterFacts {
-        settings: stats
-            .settings
-            .iter()
-            .map(|s| PgSetting {
-                name: s.name.clone(),
-                setting: s.value.clone(),
-                numeric: s.numeric,
-                source: s.source.clone(),
-                pending_restart: s.pending_restart,
-            })
-            .collect(),
-        checkpoints_timed: stats.checkpoints.as_ref().and_then(|p| p.timed),
-        checkpoints_requested: stats.checkpoints.as_ref().and_then(|p| p.requested),
+    let at = Placement {
         wal_fs: role("wal"),
         data_fs,
         data_nonrotational,
+    };
+    Some(cluster_facts(
+        &stats.settings,
+        stats.checkpoints.as_ref(),
+        at,
         hugepages_total,
-    })
+    ))
 }
 
 /// `check --pg.dsn DSN`: the cluster's findings from one short read-only
@@ -228,23 +269,11 @@ pub fn check_cluster(dsn: &str, host: &audit::HostFacts) -> anyhow::Result<audit
         }
         _ => None,
     };
-    let facts = ClusterFacts {
-        settings: settings
-            .iter()
-            .map(|s| PgSetting {
-                name: s.name.clone(),
-                setting: s.value.clone(),
-                numeric: s.numeric,
-                source: s.source.clone(),
-                pending_restart: s.pending_restart,
-            })
-            .collect(),
-        checkpoints_timed: checkpoints.as_ref().and_then(|p| p.timed),
-        checkpoints_requested: checkpoints.as_ref().and_then(|p| p.requested),
+    let at = Placement {
         data_fs: local.map(|f| f.majmin),
         wal_fs: wal.map(|f| f.majmin),
         data_nonrotational,
-        hugepages_total: host.hugepages_total,
     };
+    let facts = cluster_facts(&settings, checkpoints.as_ref(), at, host.hugepages_total);
     Ok(audit::evaluate_cluster(&facts))
 }

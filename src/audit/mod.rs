@@ -160,6 +160,12 @@ pub const CHECKS: &[Check] = &[
         "vm.overcommit_memory is not 2",
     ),
     c(
+        "sysctl_not_persistent",
+        Severity::Warning,
+        Scope::Host,
+        "a kernel setting a reboot would undo",
+    ),
+    c(
         "scheduler_on_ssd",
         Severity::Warning,
         Scope::Volume,
@@ -281,6 +287,20 @@ pub struct HostFacts {
     pub thp_enabled: Option<String>,
     /// HugePages_Total from /proc/meminfo.
     pub hugepages_total: Option<u64>,
+    /// The `vm.*` assignments the next boot would make, in the order they
+    /// are applied (see [`read::boot_sysctls`]); `None` when no boot
+    /// configuration was found to judge against.
+    pub boot: Option<Vec<BootAssignment>>,
+}
+
+/// One `key = value` line of the boot-time sysctl configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BootAssignment {
+    /// Dotted, as `sysctl` prints it: `vm.swappiness`.
+    pub key: String,
+    pub value: String,
+    /// The file (or `/proc/cmdline`) that makes it.
+    pub source: String,
 }
 
 /// Facts of one volume's filesystem and the disk under it.
@@ -358,6 +378,145 @@ fn sysctl(name: &str) -> String {
 }
 
 pub fn evaluate_host(h: &HostFacts) -> Outcome {
+    let mut o = kernel_checks(h);
+    o.note("sysctl_not_persistent", not_persistent(h));
+    o
+}
+
+/// The `vm.*` settings the host checks judge, with the value a kernel
+/// boots with when nothing sets them (the same on every kernel since
+/// 3.16, when zone_reclaim_mode stopped being switched on for NUMA).
+const BOOT_DEFAULTS: &[(&str, u64)] = &[
+    ("swappiness", 60),
+    ("dirty_ratio", 20),
+    ("dirty_bytes", 0),
+    ("dirty_background_ratio", 10),
+    ("dirty_background_bytes", 0),
+    ("zone_reclaim_mode", 0),
+    ("overcommit_memory", 0),
+];
+
+fn vm_fact<'a>(h: &'a mut HostFacts, name: &str) -> Option<&'a mut Option<u64>> {
+    Some(match name {
+        "swappiness" => &mut h.swappiness,
+        "dirty_ratio" => &mut h.dirty_ratio,
+        "dirty_bytes" => &mut h.dirty_bytes,
+        "dirty_background_ratio" => &mut h.dirty_background_ratio,
+        "dirty_background_bytes" => &mut h.dirty_background_bytes,
+        "zone_reclaim_mode" => &mut h.zone_reclaim_mode,
+        "overcommit_memory" => &mut h.overcommit_memory,
+        _ => return None,
+    })
+}
+
+/// Settings judged together: writing a `*_bytes` value zeroes its
+/// `*_ratio` and the other way round, so a pair is restored as one.
+const GROUPS: &[&[&str]] = &[
+    &["dirty_ratio", "dirty_bytes"],
+    &["dirty_background_ratio", "dirty_background_bytes"],
+    &["swappiness"],
+    &["zone_reclaim_mode"],
+    &["overcommit_memory"],
+];
+
+/// The judged `vm.*` values after a reboot and where each comes from:
+/// the kernel default, then the assignments in order (a later one wins,
+/// and one of a ratio/bytes pair zeroes the other, as the kernel does).
+pub fn boot_values(boot: &[BootAssignment]) -> Vec<(&'static str, u64, String)> {
+    let mut v: Vec<(&'static str, u64, String)> = BOOT_DEFAULTS
+        .iter()
+        .map(|(k, d)| (*k, *d, "kernel default".to_string()))
+        .collect();
+    for a in boot {
+        let Some(name) = a.key.strip_prefix("vm.") else {
+            continue;
+        };
+        // Not a number: the kernel refuses the write and keeps the value.
+        let Ok(n) = a.value.parse::<u64>() else {
+            continue;
+        };
+        let group = GROUPS.iter().find(|g| g.contains(&name)).copied();
+        for (k, value, source) in v.iter_mut() {
+            if *k == name {
+                (*value, *source) = (n, a.source.clone());
+            } else if group.is_some_and(|g| g.contains(k)) {
+                (*value, *source) = (0, format!("{} sets vm.{name}", a.source));
+            }
+        }
+    }
+    v
+}
+
+/// Host findings a reboot would bring back: for each group of settings
+/// whose running value differs from the boot value, the kernel checks run
+/// again with the boot values, and a finding absent now but present then
+/// makes the group part of this one.
+fn not_persistent(h: &HostFacts) -> Found {
+    let values = boot_values(h.boot.as_ref()?);
+    let now = kernel_checks(h);
+    let mut differ = Vec::new();
+    let mut lost: Vec<&'static str> = Vec::new();
+    for group in GROUPS {
+        let mut after = h.clone();
+        let mut changed = Vec::new();
+        for (name, value, source) in values.iter().filter(|(n, ..)| group.contains(n)) {
+            // A setting that cannot be read now cannot be compared.
+            if let Some(slot) = vm_fact(&mut after, name)
+                && let Some(running) = *slot
+                && running != *value
+            {
+                changed.push((*name, running, *value, source.as_str()));
+                *slot = Some(*value);
+            }
+        }
+        if changed.is_empty() {
+            continue;
+        }
+        let new: Vec<&'static str> = kernel_checks(&after)
+            .findings
+            .iter()
+            .map(|f| f.code)
+            .filter(|c| !now.findings.iter().any(|f| f.code == *c))
+            .collect();
+        if !new.is_empty() {
+            lost.extend(new);
+            differ.extend(changed);
+        }
+    }
+    if lost.is_empty() {
+        return PASS;
+    }
+    found(
+        differ
+            .iter()
+            .map(|(n, running, boot, src)| {
+                format!("{} = {running}, boot sets {boot} ({src})", sysctl(n))
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+        format!(
+            "Set by hand and not in the boot configuration: after the next reboot the \
+             audit would report {}",
+            lost.join(", ")
+        ),
+        format!(
+            "add {} to /etc/sysctl.d/90-postgresql.conf",
+            differ
+                .iter()
+                // The zero the kernel put in a pair's other half follows
+                // from the line that sets the non-zero one.
+                .filter(|(n, running, ..)| {
+                    *running != 0 || GROUPS.iter().any(|g| g.len() == 1 && g.contains(n))
+                })
+                .map(|(n, running, ..)| format!("\"vm.{n} = {running}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}
+
+/// Every host check but the reboot one, on the running values.
+fn kernel_checks(h: &HostFacts) -> Outcome {
     let mut o = Outcome::default();
     o.note(
         "thp_always",

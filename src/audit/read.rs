@@ -11,7 +11,7 @@ use std::io::ErrorKind;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::{HostFacts, VolumeFacts};
+use super::{BootAssignment, HostFacts, VolumeFacts};
 
 /// Errors of one reading pass: the file and what went wrong.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -63,7 +63,14 @@ fn meminfo_value(text: &str, key: &str) -> Option<u64> {
     })
 }
 
+/// The host facts with the boot configuration of the filesystem at `/`
+/// (what `check` judges: it has no configuration of its own).
 pub fn host(proc_root: &Path, sys_root: &Path) -> (HostFacts, ReadErrors) {
+    host_at(proc_root, sys_root, Path::new("/"))
+}
+
+/// The host facts, the boot-time sysctl configuration read under `rootfs`.
+pub fn host_at(proc_root: &Path, sys_root: &Path, rootfs: &Path) -> (HostFacts, ReadErrors) {
     let mut e = ReadErrors::default();
     let vm = proc_root.join("sys/vm");
     let meminfo = e.text(&proc_root.join("meminfo"));
@@ -84,8 +91,126 @@ pub fn host(proc_root: &Path, sys_root: &Path) -> (HostFacts, ReadErrors) {
         thp_enabled: e
             .text(&sys_root.join("kernel/mm/transparent_hugepage/enabled"))
             .and_then(|t| selected(&t)),
+        boot: boot_sysctls(rootfs, proc_root, &mut e),
     };
     (facts, e)
+}
+
+/// Where sysctl.d(5) files live, highest priority first: a file name in
+/// an earlier directory hides the same name in the later ones. (`/lib`
+/// is often a link to `/usr/lib`: the same names, hidden the same way.)
+pub const SYSCTL_DIRS: &[&str] = &[
+    "etc/sysctl.d",
+    "run/sysctl.d",
+    "usr/local/lib/sysctl.d",
+    "usr/lib/sysctl.d",
+    "lib/sysctl.d",
+];
+
+/// `key = value` lines of a sysctl.conf(5) file, in order. `#` and `;`
+/// start comments, a leading `-` only says "ignore a failure", and `/`
+/// separates the key's parts as well as `.` does.
+pub fn parse_sysctl_conf(text: &str, source: &str) -> Vec<BootAssignment> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            if l.is_empty() || l.starts_with('#') || l.starts_with(';') {
+                return None;
+            }
+            let (k, v) = l.split_once('=')?;
+            let key = k.trim().trim_start_matches('-').replace('/', ".");
+            Some(BootAssignment {
+                key,
+                value: v.trim().to_string(),
+                source: source.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// `sysctl.vm.swappiness=1` on the kernel command line (Linux 5.8 and
+/// later apply these before any init system runs).
+pub fn parse_cmdline(text: &str, source: &str) -> Vec<BootAssignment> {
+    text.split_whitespace()
+        .filter_map(|w| {
+            let (k, v) = w.strip_prefix("sysctl.")?.split_once('=')?;
+            Some(BootAssignment {
+                key: k.replace('/', "."),
+                value: v.to_string(),
+                source: source.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The order the next boot applies sysctl files in, as systemd-sysctl and
+/// `sysctl --system` do: every `*.conf` name once (from the first
+/// directory that has it), sorted by name, then `etc/sysctl.conf`
+/// (`sysctl --system` reads it last; systemd-sysctl reaches it through
+/// Debian's `99-sysctl.conf` link: the last word either way).
+/// `present[i]` lists the `.conf` names found in `SYSCTL_DIRS[i]`.
+pub fn sysctl_order(present: &[Vec<String>]) -> Vec<String> {
+    let mut chosen: std::collections::BTreeMap<&str, String> = Default::default();
+    for (dir, names) in SYSCTL_DIRS.iter().zip(present) {
+        for n in names {
+            chosen
+                .entry(n.as_str())
+                .or_insert_with(|| format!("{dir}/{n}"));
+        }
+    }
+    let mut order: Vec<String> = chosen.into_values().collect();
+    order.push("etc/sysctl.conf".to_string());
+    order
+}
+
+/// The `vm.*` assignments the next boot makes, in the order it makes
+/// them: the kernel command line first, then the files. `None` when
+/// `rootfs` holds none of the sysctl locations: a container's own
+/// filesystem often has none, and judging the host's running values
+/// against an empty configuration would report every tuned value.
+pub fn boot_sysctls(
+    rootfs: &Path,
+    proc_root: &Path,
+    e: &mut ReadErrors,
+) -> Option<Vec<BootAssignment>> {
+    let mut any = rootfs.join("etc/sysctl.conf").exists();
+    let mut present = Vec::new();
+    for dir in SYSCTL_DIRS {
+        let path = rootfs.join(dir);
+        let mut names = Vec::new();
+        match std::fs::read_dir(&path) {
+            Ok(rd) => {
+                any = true;
+                for entry in rd.flatten() {
+                    let n = entry.file_name().to_string_lossy().into_owned();
+                    if n.ends_with(".conf") {
+                        names.push(n);
+                    }
+                }
+            }
+            Err(err) if err.kind() == ErrorKind::NotFound => {}
+            Err(err) => e.0.push(format!("{}: {err}", path.display())),
+        }
+        present.push(names);
+    }
+    if !any {
+        return None;
+    }
+    let cmdline = proc_root.join("cmdline");
+    let mut out = e
+        .text(&cmdline)
+        .map(|t| parse_cmdline(&t, &cmdline.display().to_string()))
+        .unwrap_or_default();
+    for rel in sysctl_order(&present) {
+        let path = rootfs.join(&rel);
+        // Shown as the path on the host, not under a container's mount.
+        let shown = format!("/{rel}");
+        if let Some(t) = e.text(&path) {
+            out.extend(parse_sysctl_conf(&t, &shown));
+        }
+    }
+    out.retain(|a| a.key.starts_with("vm."));
+    Some(out)
 }
 
 /// One mountinfo line, the fields the audit needs.
@@ -218,6 +343,78 @@ mod tests {
         assert_eq!(over.fstype, "overlay");
         let up = mount_of(&m, Path::new("/run/up"), None).unwrap();
         assert_eq!(up.fstype, "tmpfs");
+    }
+
+    #[test]
+    fn sysctl_files_in_boot_order() {
+        let a = parse_sysctl_conf(
+            "# c\n; c\n\n vm.swappiness = 1 \n-vm/dirty_bytes=1073741824\nkernel.x = a b\nnoequals\n",
+            "/etc/sysctl.d/a.conf",
+        );
+        let kv: Vec<(&str, &str)> = a.iter().map(|a| (&*a.key, &*a.value)).collect();
+        assert_eq!(
+            kv,
+            [
+                ("vm.swappiness", "1"),
+                ("vm.dirty_bytes", "1073741824"),
+                ("kernel.x", "a b")
+            ]
+        );
+        let c = parse_cmdline("BOOT_IMAGE=/vmlinuz ro sysctl.vm.swappiness=5 quiet", "c");
+        assert_eq!((&*c[0].key, &*c[0].value), ("vm.swappiness", "5"));
+        assert_eq!(c.len(), 1);
+        // /etc hides /usr/lib's file of the same name; names sort across
+        // directories; sysctl.conf comes last.
+        let present = vec![
+            vec!["50-x.conf".to_string()],
+            vec![],
+            vec![],
+            vec!["50-x.conf".to_string(), "10-y.conf".to_string()],
+            vec!["99-z.conf".to_string()],
+        ];
+        assert_eq!(
+            sysctl_order(&present),
+            [
+                "usr/lib/sysctl.d/10-y.conf",
+                "etc/sysctl.d/50-x.conf",
+                "lib/sysctl.d/99-z.conf",
+                "etc/sysctl.conf"
+            ]
+        );
+    }
+
+    #[test]
+    fn boot_sysctls_under_a_root() {
+        let root = tempfile::tempdir().unwrap();
+        let none = boot_sysctls(root.path(), root.path(), &mut ReadErrors::default());
+        assert_eq!(none, None, "no sysctl location: nothing to judge against");
+        let d = root.path().join("usr/lib/sysctl.d");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("10-a.conf"), "vm.swappiness = 30\nnet.x = 1\n").unwrap();
+        let etc = root.path().join("etc/sysctl.d");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(etc.join("10-a.conf"), "vm.swappiness = 1\n").unwrap();
+        std::fs::write(etc.join("20-b.txt"), "vm.swappiness = 99\n").unwrap();
+        std::fs::write(
+            root.path().join("cmdline"),
+            "sysctl.vm.overcommit_memory=2\n",
+        )
+        .unwrap();
+        let mut e = ReadErrors::default();
+        let got = boot_sysctls(root.path(), root.path(), &mut e).unwrap();
+        let kv: Vec<(&str, &str, &str)> = got
+            .iter()
+            .map(|a| (&*a.key, &*a.value, &*a.source))
+            .collect();
+        let cmdline = root.path().join("cmdline").display().to_string();
+        assert_eq!(
+            kv,
+            [
+                ("vm.overcommit_memory", "2", cmdline.as_str()),
+                ("vm.swappiness", "1", "/etc/sysctl.d/10-a.conf")
+            ]
+        );
+        assert!(e.0.is_empty(), "{e:?}");
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct AuditSettings {
     pub volumes: std::collections::BTreeMap<String, Vec<String>>,
     /// `audit.ignore` of each `[[cluster]]`, by cluster name.
     pub clusters: std::collections::BTreeMap<String, Vec<String>>,
+    /// `host_root`: where the host's root filesystem is seen, for its
+    /// boot-time sysctl configuration (`/` unless in a container).
+    pub host_root: PathBuf,
 }
 
 impl Default for AuditSettings {
@@ -67,15 +70,25 @@ impl Default for AuditSettings {
             ignore: Vec::new(),
             volumes: Default::default(),
             clusters: Default::default(),
+            host_root: PathBuf::from("/"),
         }
     }
 }
 
 impl AuditSettings {
-    /// The codes silenced for a volume: its own list and the global one.
-    pub fn for_volume(&self, name: &str) -> Vec<String> {
+    /// The codes silenced for a volume: the global list, its own (when it
+    /// is a `[[volume]]`) and those of the clusters whose data directory,
+    /// WAL or tablespaces are on it (`of_clusters`): a discovered volume
+    /// has no table of its own, and the cluster's table is where its owner
+    /// writes down a deliberate choice.
+    pub fn for_volume(&self, name: &str, of_clusters: &[&str]) -> Vec<String> {
         let mut v = self.ignore.clone();
         v.extend(self.volumes.get(name).into_iter().flatten().cloned());
+        for c in of_clusters {
+            v.extend(self.clusters.get(*c).into_iter().flatten().cloned());
+        }
+        v.sort();
+        v.dedup();
         v
     }
 
@@ -399,6 +412,11 @@ pub fn build(
             DEFAULT_AUDIT_INTERVAL,
         )?,
         ignore: ignore_list(&raw.audit, "audit.ignore".to_string())?,
+        host_root: raw
+            .host_root
+            .as_ref()
+            .map(|p| absolute(p.get_ref()))
+            .unwrap_or_else(|| PathBuf::from("/")),
         ..AuditSettings::default()
     };
     for (i, v) in raw.volume.iter().enumerate() {

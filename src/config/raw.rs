@@ -37,6 +37,9 @@ pub struct RawConfig {
     pub proc_root: Option<Sp<PathBuf>>,
     /// sysfs mount point.
     pub sys_root: Option<Sp<PathBuf>>,
+    /// Where the host's root filesystem is mounted (the audit reads its
+    /// boot-time sysctl configuration there).
+    pub host_root: Option<Sp<PathBuf>>,
     /// How often the storage-configuration audit runs.
     pub audit_interval: Option<Sp<HumanDuration>>,
     /// `[audit]`: audit codes silenced everywhere (host findings included).

@@ -412,14 +412,35 @@ fn audit_interval_and_ignore_lists() {
     let cfg = parse_str(&text).unwrap();
     assert_eq!(cfg.audit.interval, Duration::from_secs(600));
     assert_eq!(
-        cfg.audit.for_volume("v"),
-        ["swappiness_high", "atime", "read_ahead_large"]
+        cfg.audit.for_volume("v", &[]),
+        ["atime", "read_ahead_large", "swappiness_high"]
     );
     assert_eq!(
         cfg.audit.for_cluster("c"),
         ["swappiness_high", "wal_compression_off"]
     );
-    assert_eq!(cfg.audit.for_volume("c/data"), ["swappiness_high"]);
+    assert_eq!(cfg.audit.for_volume("c/data", &[]), ["swappiness_high"]);
+    // A volume holding cluster c's directories takes c's list too, once
+    // each, whether discovered or a [[volume]] of its own.
+    assert_eq!(
+        cfg.audit.for_volume("c/data", &["c", "other"]),
+        ["swappiness_high", "wal_compression_off"]
+    );
+    assert_eq!(
+        cfg.audit.for_volume("v", &["c", "c"]),
+        [
+            "atime",
+            "read_ahead_large",
+            "swappiness_high",
+            "wal_compression_off"
+        ]
+    );
+    assert_eq!(cfg.audit.host_root, PathBuf::from("/"));
+    let cfg = parse_str(&format!(
+        "host_root = \"/host\"\n[[volume]]\nname = \"v\"\npath = \"{p}\"\n"
+    ))
+    .unwrap();
+    assert_eq!(cfg.audit.host_root, PathBuf::from("/host"));
     // The default, and the key named in each refusal.
     let cfg = parse_str(&format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n")).unwrap();
     assert_eq!(cfg.audit.interval, Duration::from_secs(300));

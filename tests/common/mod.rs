@@ -320,13 +320,19 @@ pub fn count(metrics: &str, volume: &str, op: &str) -> f64 {
         .sum()
 }
 
+/// MAJ:MIN of the filesystem under `p` (`0:N` for tmpfs and others
+/// without a device).
+pub fn majmin_of(p: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(p).unwrap().dev();
+    format!("{}:{}", libc::major(dev), libc::minor(dev))
+}
+
 /// MAJ:MIN of the filesystem under `p`, and the sysfs directory of its
 /// whole disk, the way the exporter resolves it (a partition maps to its
 /// parent disk).
 pub fn fs_and_disk_dir(p: &Path) -> (String, PathBuf) {
-    use std::os::unix::fs::MetadataExt;
-    let dev = std::fs::metadata(p).unwrap().dev();
-    let mm = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    let mm = majmin_of(p);
     let dir = std::fs::canonicalize(format!("/sys/dev/block/{mm}")).unwrap();
     let disk = if dir.join("partition").exists() {
         dir.parent().unwrap().to_path_buf()

@@ -288,12 +288,16 @@ fn controllers_and_the_join_to_volumes() {
     assert!(controllers(&dir.path().join("nothing")).is_empty());
 }
 
+/// What a fake controller answers: a page, or a negative errno or a
+/// positive NVMe status.
+type Answer = Result<Vec<u8>, i32>;
+
 /// Pages or failures per controller, changed between passes.
 #[derive(Debug, Default)]
-struct Fake(Mutex<BTreeMap<String, Result<Vec<u8>, i32>>>);
+struct Fake(Mutex<BTreeMap<String, Answer>>);
 
 impl Fake {
-    fn set(&self, ctrl: &str, r: Result<Vec<u8>, i32>) {
+    fn set(&self, ctrl: &str, r: Answer) {
         self.0.lock().unwrap().insert(ctrl.into(), r);
     }
 }
@@ -445,7 +449,7 @@ fn each_failure_gives_one_log_line_and_its_reason() {
     too_many[512] = 65;
     let mut reserved = good_page();
     reserved[520 + 20] = 1;
-    let cases: [(&str, Result<Vec<u8>, i32>, Reason, &str); 7] = [
+    let cases: [(&str, Answer, Reason, &str); 7] = [
         (
             "wrong magic",
             Ok(wrong_magic),

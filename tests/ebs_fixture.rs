@@ -229,6 +229,10 @@ fn two_ebs_controllers_show_on_their_volumes() {
     );
     assert!(!m.contains("nvme0"), "instance store is not EBS: {m}");
     promtool_check_metrics(&m);
+    // The EBS series of a passing run, for the log.
+    for l in m.lines().filter(|l| l.starts_with("pgstorage_ebs_")) {
+        eprintln!("{l}");
+    }
     let (_, _, om) = http_get(ex.addr, "/metrics", Some("application/openmetrics-text"));
     assert!(
         om.contains("pgstorage_ebs_read_ops_total{volume=\"data\"} 1000"),

@@ -368,6 +368,28 @@ fn histogram(
     }
 }
 
+impl Track {
+    /// The page's figures, monotonic, for the volume `j`.
+    fn update(&mut self, j: &Joined, p: &Page) -> VolumeStats {
+        let raw = p.counters.totals();
+        let mut totals = [0u64; 10];
+        for ((out, m), r) in totals.iter_mut().zip(&mut self.totals).zip(raw) {
+            *out = m.update(r);
+        }
+        let [rb, wb] = &mut self.bounds;
+        let [rm, wm] = &mut self.bins;
+        VolumeStats {
+            volume: j.volume.clone(),
+            ebs_volume_id: j.ebs_volume_id.clone(),
+            device: j.device.clone(),
+            totals,
+            queue_length: p.counters.queue_length,
+            read_latency: histogram(&p.read_latency, rb, rm, totals[4]),
+            write_latency: histogram(&p.write_latency, wb, wm, totals[5]),
+        }
+    }
+}
+
 /// A log line for the caller to emit (kept apart from `tracing` so tests
 /// can count them).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -406,6 +428,24 @@ impl Reader {
         (snap, logs)
     }
 
+    /// Records a failed read of `j`'s controller; the line to log, if the
+    /// incident policy says so.
+    fn failed(&mut self, j: &Joined, f: &Failure, now: Instant) -> Option<Log> {
+        let again = match self.incidents.failed(j.controller.clone(), f.reason, now) {
+            Report::New => String::new(),
+            Report::Again { failures } => format!(" still, after {failures} reads"),
+            Report::Quiet => return None,
+        };
+        Some(Log::Warn(format!(
+            "EBS statistics of /dev/{} ({}, volume {}) unavailable{again} ({}): {}",
+            j.controller,
+            j.ebs_volume_id,
+            j.volume,
+            f.reason.as_str(),
+            f.detail
+        )))
+    }
+
     fn read(
         &mut self,
         sys_root: &Path,
@@ -434,50 +474,17 @@ impl Reader {
             );
         }
         let mut reason = Reason::Ok;
-        let mut out = Vec::new();
-        // A controller backing several volumes is read once.
-        let mut pages: BTreeMap<String, Result<Page, Failure>> = BTreeMap::new();
+        // Each controller once, even when it backs several volumes: one
+        // read, one log line, one update of its monotonic state.
+        let mut figures: BTreeMap<&str, VolumeStats> = BTreeMap::new();
         for j in &joined {
-            if !pages.contains_key(&j.controller) {
-                let r = classify(src.read(&j.controller));
-                let key = j.controller.clone();
-                match &r {
-                    Ok(_) => {
-                        if let Some((n, d)) = self.incidents.succeeded(key, now) {
-                            logs.push(Log::Info(format!(
-                                "EBS statistics of /dev/{} ({}) read again after {n} failed reads over {:.0?}",
-                                j.controller, j.ebs_volume_id, d
-                            )));
-                        }
-                    }
-                    Err(f) => match self.incidents.failed(key, f.reason, now) {
-                        Report::New => logs.push(Log::Warn(format!(
-                            "EBS statistics of /dev/{} ({}, volume {}) unavailable ({}): {}",
-                            j.controller,
-                            j.ebs_volume_id,
-                            j.volume,
-                            f.reason.as_str(),
-                            f.detail
-                        ))),
-                        Report::Again { failures } => logs.push(Log::Warn(format!(
-                            "EBS statistics of /dev/{} ({}, volume {}) still unavailable after {failures} reads ({}): {}",
-                            j.controller,
-                            j.ebs_volume_id,
-                            j.volume,
-                            f.reason.as_str(),
-                            f.detail
-                        ))),
-                        Report::Quiet => {}
-                    },
-                }
-                pages.insert(j.controller.clone(), r);
-            }
-            let Some(r) = pages.get(&j.controller) else {
+            if figures.contains_key(j.controller.as_str()) {
                 continue;
-            };
-            let p = match r {
+            }
+            let page = match classify(src.read(&j.controller)) {
                 Ok(p) => p,
                 Err(f) => {
+                    logs.extend(self.failed(j, &f, now));
                     // The most telling reason wins: permission over device
                     // errors over odd pages (the order of `Reason`).
                     if reason == Reason::Ok || f.reason < reason {
@@ -486,43 +493,25 @@ impl Reader {
                     continue;
                 }
             };
+            if let Some((n, d)) = self.incidents.succeeded(j.controller.clone(), now) {
+                logs.push(Log::Info(format!(
+                    "EBS statistics of /dev/{} ({}) read again after {n} failed reads over {d:.0?}",
+                    j.controller, j.ebs_volume_id
+                )));
+            }
             let t = self.tracks.entry(j.ebs_volume_id.clone()).or_default();
-            // Update each controller's state once per pass, even when it
-            // backs several volumes.
-            let first = out
-                .iter()
-                .all(|s: &VolumeStats| s.ebs_volume_id != j.ebs_volume_id);
-            let stats = if first {
-                let raw = p.counters.totals();
-                let mut totals = [0u64; 10];
-                for (i, m) in t.totals.iter_mut().enumerate() {
-                    totals[i] = m.update(raw[i]);
-                }
-                let [rb, wb] = &mut t.bounds;
-                let [rm, wm] = &mut t.bins;
-                VolumeStats {
-                    volume: j.volume.clone(),
-                    ebs_volume_id: j.ebs_volume_id.clone(),
-                    device: j.device.clone(),
-                    totals,
-                    queue_length: p.counters.queue_length,
-                    read_latency: histogram(&p.read_latency, rb, rm, totals[4]),
-                    write_latency: histogram(&p.write_latency, wb, wm, totals[5]),
-                }
-            } else {
-                let Some(s) = out
-                    .iter()
-                    .find(|s: &&VolumeStats| s.ebs_volume_id == j.ebs_volume_id)
-                else {
-                    continue;
-                };
-                VolumeStats {
-                    volume: j.volume.clone(),
-                    ..s.clone()
-                }
-            };
-            out.push(stats);
+            figures.insert(&j.controller, t.update(j, &page));
         }
+        let out = joined
+            .iter()
+            .filter_map(|j| {
+                let f = figures.get(j.controller.as_str())?;
+                Some(VolumeStats {
+                    volume: j.volume.clone(),
+                    ..f.clone()
+                })
+            })
+            .collect();
         // Volumes detached since: forget their state.
         self.tracks
             .retain(|id, _| joined.iter().any(|j| j.ebs_volume_id == *id));

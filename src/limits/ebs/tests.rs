@@ -548,3 +548,47 @@ fn one_failing_controller_of_two_sets_the_reason_and_keeps_the_other() {
     assert_eq!(s.volumes[0].volume, "data");
     assert_eq!(logs.len(), 1);
 }
+
+/// Two volumes on one disk: one read of its controller, the same figures
+/// on both, and a second pass advances them once, not twice.
+#[test]
+fn a_controller_backing_two_volumes_is_read_once() {
+    #[derive(Debug, Default)]
+    struct Counting(Fake, std::sync::atomic::AtomicU32);
+    impl LogPageSource for Counting {
+        fn read(&self, ctrl: &str) -> Result<Vec<u8>, ReadFailure> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.0.read(ctrl)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    sysfs(dir.path());
+    let src = Counting::default();
+    src.0.set("nvme1", Ok(good_page()));
+    let vols = [vol("data", Some("259:1")), vol("wal", Some("259:1"))];
+    let mut r = Reader::default();
+    let t0 = Instant::now();
+    let (s, _) = r.pass(dir.path(), &src, &vols, t0);
+    assert_eq!(src.1.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(s.volumes.len(), 2);
+    assert_eq!(s.volumes[0].totals, s.volumes[1].totals);
+    assert_eq!(
+        (s.volumes[0].volume.as_str(), s.volumes[1].volume.as_str()),
+        ("data", "wal")
+    );
+    src.0.set(
+        "nvme1",
+        Ok(page::build(
+            0,
+            &Counters {
+                read_ops: 10,
+                ..counters()
+            },
+            &read_bins(),
+            &write_bins(),
+        )),
+    );
+    let (s, _) = r.pass(dir.path(), &src, &vols, t0 + Duration::from_secs(1));
+    assert_eq!(s.volumes[0].totals[0], 1_010, "a reset seen once");
+    assert_eq!(s.volumes[1].totals[0], 1_010);
+}

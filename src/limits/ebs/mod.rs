@@ -134,6 +134,13 @@ pub fn controllers(sys_root: &Path) -> Vec<Controller> {
     let mut out = Vec::new();
     for e in dir.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        // Only `nvme<N>`: the name becomes the device node `/dev/<name>`.
+        if !name
+            .strip_prefix("nvme")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        {
+            continue;
+        }
         let path = class.join(&name);
         let text = |f: &str| std::fs::read_to_string(path.join(f)).ok();
         if text("model").as_deref().map(str::trim) != Some(EBS_MODEL) {
@@ -148,8 +155,7 @@ pub fn controllers(sys_root: &Path) -> Vec<Controller> {
             .flatten()
             .filter_map(|n| {
                 let ns = n.file_name().to_string_lossy().into_owned();
-                // nvme0n1, or nvme0c0n1 under native multipath.
-                if !ns.starts_with(&name) || !ns.contains('n') || ns.len() <= name.len() {
+                if !is_namespace(&name, &ns) {
                     return None;
                 }
                 let dev = std::fs::read_to_string(path.join(&ns).join("dev")).ok()?;
@@ -165,6 +171,26 @@ pub fn controllers(sys_root: &Path) -> Vec<Controller> {
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// Whether `entry` of controller `ctrl`'s sysfs directory is one of its
+/// namespaces: `nvme0n1`, or `nvme0c0n1` under native multipath.
+fn is_namespace(ctrl: &str, entry: &str) -> bool {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let Some(rest) = entry.strip_prefix(ctrl) else {
+        return false;
+    };
+    let rest = match rest.strip_prefix('c') {
+        Some(r) => match r.split_once('n') {
+            Some((c, n)) if digits(c) => n,
+            _ => return false,
+        },
+        None => match rest.strip_prefix('n') {
+            Some(n) => n,
+            None => return false,
+        },
+    };
+    digits(rest)
 }
 
 /// A watched volume on an EBS controller.

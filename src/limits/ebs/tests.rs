@@ -186,6 +186,16 @@ fn volume_ids_from_serials() {
 }
 
 #[test]
+fn namespaces_of_a_controller() {
+    assert!(is_namespace("nvme1", "nvme1n1"));
+    assert!(is_namespace("nvme1", "nvme1c1n1"));
+    assert!(!is_namespace("nvme1", "nvme10n1"), "another controller's");
+    assert!(!is_namespace("nvme1", "nvme1n"));
+    assert!(!is_namespace("nvme1", "power"));
+    assert!(!is_namespace("nvme1", "nvme1n1p1"), "a partition");
+}
+
+#[test]
 fn monotonic_totals_survive_a_reset() {
     let mut m = Monotonic::default();
     assert_eq!(m.update(100), 100);

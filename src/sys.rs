@@ -20,6 +20,8 @@
 //!   daemon counts the timeout and abandons the thread rather than free
 //!   anything it holds.
 //! - [`catch_interrupts`]: SIGINT/SIGTERM handlers that only set a flag.
+//! - [`nvme_get_log_page`]: the NVMe admin Get Log Page ioctl, whose
+//!   kernel side writes into a caller's buffer during the call only.
 //!
 //! [`AlignedBuf`], the `O_DIRECT` buffer these reads use, needs no `unsafe`
 //! (`#[repr(align)]` on a boxed array), but lives here so that the io_uring
@@ -406,6 +408,116 @@ pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
+/// Size of an NVMe log page read by [`nvme_get_log_page`]: the AWS EBS
+/// statistics page (0xD0) is 4096 bytes.
+pub const NVME_LOG_PAGE_LEN: usize = 4096;
+
+/// `struct nvme_passthru_cmd` of `<linux/nvme_ioctl.h>` (also
+/// `nvme_admin_cmd`): 72 bytes, which the ioctl number encodes.
+#[repr(C)]
+#[derive(Debug, Default)]
+struct NvmePassthruCmd {
+    opcode: u8,
+    flags: u8,
+    rsvd1: u16,
+    nsid: u32,
+    cdw2: u32,
+    cdw3: u32,
+    metadata: u64,
+    addr: u64,
+    metadata_len: u32,
+    data_len: u32,
+    cdw10: u32,
+    cdw11: u32,
+    cdw12: u32,
+    cdw13: u32,
+    cdw14: u32,
+    cdw15: u32,
+    timeout_ms: u32,
+    result: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<NvmePassthruCmd>() == 72);
+
+/// `NVME_IOCTL_ADMIN_CMD` = `_IOWR('N', 0x41, struct nvme_admin_cmd)`.
+const NVME_IOCTL_ADMIN_CMD: u32 = (3 << 30) | (72 << 16) | ((b'N' as u32) << 8) | 0x41;
+const _: () = assert!(NVME_IOCTL_ADMIN_CMD == 0xC048_4E41);
+
+/// NVMe admin opcode Get Log Page.
+const NVME_ADMIN_GET_LOG_PAGE: u8 = 0x02;
+
+/// Command dword 10 of Get Log Page for a whole [`NVME_LOG_PAGE_LEN`]-byte
+/// page of `log_id`: NUMDL (bits 31:16) is the number of dwords *minus
+/// one*, so 4096 bytes = 1024 dwords is 1023 (0x3FF). Some tools send 1024,
+/// which asks for 4100 bytes: off by one, and harmless only as long as the
+/// controller stops at the 4096 bytes the kernel mapped for `data_len`.
+const fn get_log_page_cdw10(log_id: u8) -> u32 {
+    let numdl = (NVME_LOG_PAGE_LEN / 4 - 1) as u32;
+    (numdl << 16) | log_id as u32
+}
+const _: () = assert!(get_log_page_cdw10(0xD0) == 0x03FF_00D0);
+
+/// How a Get Log Page admin command ended without an OS error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogPage {
+    /// The page was transferred into the buffer.
+    Read,
+    /// The controller answered with this NVMe status (the ioctl's positive
+    /// return: status code type and status code, e.g. 0x109 "invalid log
+    /// page" from a controller that has no such page).
+    Status(u32),
+}
+
+/// Reads log page `log_id` of namespace `nsid` from the NVMe controller or
+/// namespace open at `fd` into `buf`, with `NVME_IOCTL_ADMIN_CMD`. Needs
+/// CAP_SYS_ADMIN: the kernel lets unprivileged callers send only a few
+/// identify commands. An `Err` is the ioctl's errno (EACCES/EPERM without
+/// the capability, ENOTTY on a file that is not an NVMe device).
+///
+/// `timeout_ms` stays 0 (the kernel's admin timeout, 60 s by default): on
+/// PCIe an admin command that times out makes the driver reset the
+/// controller, and the controller of an EBS volume may be the root disk's.
+pub fn nvme_get_log_page(
+    fd: BorrowedFd<'_>,
+    nsid: u32,
+    log_id: u8,
+    buf: &mut AlignedBuf<NVME_LOG_PAGE_LEN>,
+) -> io::Result<LogPage> {
+    let mut cmd = NvmePassthruCmd {
+        opcode: NVME_ADMIN_GET_LOG_PAGE,
+        nsid,
+        addr: buf.as_mut_slice().as_mut_ptr() as u64,
+        data_len: NVME_LOG_PAGE_LEN as u32,
+        cdw10: get_log_page_cdw10(log_id),
+        ..NvmePassthruCmd::default()
+    };
+    // SAFETY: the kernel writes at most `data_len` bytes to `addr`, and
+    // `addr` is the start of `buf`, which is exactly NVME_LOG_PAGE_LEN
+    // bytes, exclusively borrowed for this whole call (so nothing else
+    // reads or frees it meanwhile) and 4096-aligned (more than the dword
+    // alignment NVMe data transfers need, so the kernel maps it without a
+    // bounce buffer). The ioctl is synchronous: it returns only after the
+    // command completed, failed or was cancelled by a controller reset,
+    // and the kernel unmaps the user buffer before returning, so it never
+    // writes into `buf` after the borrow ends. `metadata` and
+    // `metadata_len` are 0, so the kernel follows no other pointer. `cmd`
+    // is a live, correctly laid out (repr(C), 72 bytes, size asserted
+    // above) struct the kernel reads and writes `result` back into during
+    // the call only.
+    let rc = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            NVME_IOCTL_ADMIN_CMD as _,
+            &mut cmd as *mut NvmePassthruCmd,
+        )
+    };
+    match rc {
+        0 => Ok(LogPage::Read),
+        n if n > 0 => Ok(LogPage::Status(n as u32)),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -414,6 +526,18 @@ mod tests {
     use std::os::unix::fs::OpenOptionsExt;
 
     const B: usize = 8192;
+
+    /// The ioctl on a file that is no NVMe device: the kernel refuses it
+    /// (ENOTTY) without touching the buffer.
+    #[test]
+    fn nvme_log_page_on_a_plain_file_is_enotty() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::fs::File::create(dir.path().join("x")).unwrap();
+        let mut buf = AlignedBuf::<NVME_LOG_PAGE_LEN>::new();
+        let e = nvme_get_log_page(f.as_fd(), 1, 0xD0, &mut buf).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTTY));
+        assert!(buf.as_slice().iter().all(|b| *b == 0));
+    }
 
     /// A file of `blocks` 8 KiB blocks, block i filled with byte i + 1.
     fn patterned(dir: &std::path::Path, blocks: u8) -> std::path::PathBuf {

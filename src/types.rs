@@ -287,10 +287,13 @@ pub enum Collector {
     /// the device counters (a volume's `sweep` is configured per volume and
     /// runs on its probe thread).
     Limits,
+    /// AWS EBS statistics from the NVMe log page of the volumes' EBS
+    /// controllers, read on the limits schedule (needs CAP_SYS_ADMIN).
+    LimitsEbs,
 }
 
 /// Name, default and one-line description of each [`Collector`].
-pub const COLLECTORS: [(Collector, &str, bool, &str); 8] = [
+pub const COLLECTORS: [(Collector, &str, bool, &str); 9] = [
     (
         Collector::Probes,
         "probes",
@@ -339,6 +342,12 @@ pub const COLLECTORS: [(Collector, &str, bool, &str); 8] = [
         true,
         "IO limits: cgroup throttles, provisioned figures and their use from device counters",
     ),
+    (
+        Collector::LimitsEbs,
+        "limits.ebs",
+        true,
+        "AWS EBS statistics (time over the volume's and instance's caps) from the NVMe log page",
+    ),
 ];
 
 /// Which collectors are on.
@@ -370,6 +379,7 @@ impl Collectors {
         let parent = match c {
             Collector::ProbesSplit => Some(Collector::Probes),
             Collector::PostgresIo | Collector::PostgresWaits => Some(Collector::Postgres),
+            Collector::LimitsEbs => Some(Collector::Limits),
             Collector::PostgresIoZeroRows | Collector::PostgresIoBuffers => {
                 Some(Collector::PostgresIo)
             }

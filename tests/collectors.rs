@@ -128,6 +128,8 @@ fn probes_and_limits_can_be_turned_off() {
         "pgstorage_io_limit_cgroup_info",
         "pgstorage_collector_success{collector=\"limits\"}",
         "pgstorage_collector_success{collector=\"probe:v\"}",
+        // limits.ebs goes with its parent.
+        "pgstorage_ebs_available",
     ] {
         assert!(!has_series(&m, gone), "{gone} still served:\n{m}");
     }

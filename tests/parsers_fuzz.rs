@@ -1,13 +1,14 @@
 //! Property tests: the parsers of everything the exporter reads from outside
 //! (its config file, flags, DSNs, password files, mountinfo, cgroup and
-//! diskstats files) never panic, whatever bytes they get.
+//! diskstats files, the AWS EBS NVMe log page) never panic, whatever bytes
+//! they get.
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 
-use pg_storage_exporter::limits::{cgroup, diskstats};
+use pg_storage_exporter::limits::{cgroup, diskstats, ebs};
 use pg_storage_exporter::postgres::dsn;
 use pg_storage_exporter::{config, units};
 use proptest::prelude::*;
@@ -62,6 +63,34 @@ proptest! {
         if let Err(e) = config::raw::parse(file, &t) {
             let msg = e.to_string();
             prop_assert!(msg.starts_with("/x.toml:"), "{}", msg);
+        }
+    }
+
+    /// The AWS EBS statistics page comes from a device's firmware: any
+    /// bytes, of any length, are a page or a refusal, never a panic. Half
+    /// the cases start from a valid page with bytes flipped, so the bin
+    /// checks past the magic are reached too.
+    #[test]
+    fn ebs_log_page_parser_never_panics(
+        raw in proptest::collection::vec(any::<u8>(), 0..4200),
+        flips in proptest::collection::vec((0usize..4096, any::<u8>()), 0..16),
+        start_valid in any::<bool>(),
+    ) {
+        let mut b = if start_valid {
+            let bins: Vec<ebs::page::Bin> = (0..8)
+                .map(|i| ebs::page::Bin { lower_us: i * 100, upper_us: (i + 1) * 100, count: 3 })
+                .collect();
+            ebs::page::build(0, &ebs::page::Counters::default(), &bins, &bins)
+        } else {
+            raw
+        };
+        for (at, v) in flips {
+            if let Some(x) = b.get_mut(at) {
+                *x = v;
+            }
+        }
+        if let Ok(p) = ebs::page::parse(&b) {
+            prop_assert!(p.read_latency.len() <= 64 && p.write_latency.len() <= 64);
         }
     }
 

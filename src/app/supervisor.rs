@@ -334,10 +334,16 @@ impl Supervisor {
             volumes: self.volumes.clone(),
             clusters: self.clusters.clone(),
         });
+        let ebs = self
+            .cfg
+            .collectors
+            .on(crate::types::Collector::LimitsEbs)
+            .then(crate::limits::ebs::source);
         self.limits_task = Some(tokio::spawn(crate::limits::run(
             self.cfg.limits.clone(),
             inputs,
             self.limits_state.clone(),
+            ebs,
         )));
     }
 

@@ -85,5 +85,6 @@ pub fn encode(enc: Enc<'_, '_>, s: &LimitsSnapshot) -> std::fmt::Result {
         s.read_errors
             .iter()
             .map(|((kind, cause), n)| ([("kind", *kind), ("cause", *cause)], *n as f64)),
-    )
+    )?;
+    super::ebs::encode(enc, s.ebs.as_ref())
 }

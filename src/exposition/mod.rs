@@ -14,6 +14,7 @@
 pub mod audit;
 pub mod config;
 pub mod derived;
+pub mod ebs;
 pub mod health;
 pub mod histogram;
 pub mod limits;

@@ -21,6 +21,7 @@
 
 pub mod cgroup;
 pub mod diskstats;
+pub mod ebs;
 pub mod error;
 pub mod inputs;
 
@@ -81,6 +82,8 @@ pub struct LimitsSnapshot {
     /// Failed reads since start by (file kind, cause): a file that cannot
     /// be read is an error, never "no limit".
     pub read_errors: BTreeMap<(&'static str, &'static str), u64>,
+    /// AWS EBS statistics; `None` with `--no-collector.limits.ebs`.
+    pub ebs: Option<ebs::EbsSnapshot>,
 }
 
 /// How the latest limits pass went.
@@ -101,6 +104,9 @@ impl LimitsSnapshot {
         self.writes_per_probe
             .retain(|v, _| volumes.contains(&v.as_str()));
         self.no_disk.retain(|v, _| volumes.contains(&v.as_str()));
+        if let Some(e) = &mut self.ebs {
+            e.volumes.retain(|s| volumes.contains(&s.volume.as_str()));
+        }
         self.pressure
             .retain(|(scope, ..)| match scope.strip_prefix("postgres:") {
                 Some(c) => clusters.contains(&c),
@@ -147,6 +153,8 @@ struct Prev {
     read_errors: BTreeMap<(&'static str, &'static str), u64>,
     /// Which reads are failing, so each is logged once, not every pass.
     log: ErrorLog,
+    /// The EBS statistics reader's state.
+    ebs: ebs::Reader,
 }
 
 /// A process's cgroups from `/proc/<pid>/cgroup`; `Ok(None)` when the
@@ -193,20 +201,30 @@ fn postmaster_pid(data_dir: &Path) -> Result<Option<u32>, ReadError> {
     })
 }
 
-/// Runs the limits collector until the process ends.
-pub async fn run(cfg: LimitsSettings, inputs: Arc<dyn Inputs>, state: Arc<LimitsState>) {
+/// Runs the limits collector until the process ends. `ebs`: where AWS
+/// EBS statistics pages come from, `None` when that collector is off.
+pub async fn run(
+    cfg: LimitsSettings,
+    inputs: Arc<dyn Inputs>,
+    state: Arc<LimitsState>,
+    ebs: Option<Arc<dyn ebs::LogPageSource>>,
+) {
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let prev = Arc::new(Mutex::new(Prev::default()));
     loop {
         tick.tick().await;
-        let (cfg2, inputs2, prev2) = (cfg.clone(), inputs.clone(), prev.clone());
+        let (cfg2, inputs2, prev2, ebs2) = (cfg.clone(), inputs.clone(), prev.clone(), ebs.clone());
         let snap = tokio::task::spawn_blocking(move || {
             let mut p = match prev2.lock() {
                 Ok(p) => p,
                 Err(_) => return LimitsSnapshot::default(),
             };
-            pass(&cfg2, inputs2.as_ref(), &mut p, Instant::now())
+            let mut snap = pass(&cfg2, inputs2.as_ref(), &mut p, Instant::now());
+            if let Some(src) = &ebs2 {
+                snap.ebs = Some(ebs_pass(&cfg2, inputs2.as_ref(), src.as_ref(), &mut p));
+            }
+            snap
         })
         .await
         .unwrap_or_default();
@@ -214,6 +232,25 @@ pub async fn run(cfg: LimitsSettings, inputs: Arc<dyn Inputs>, state: Arc<Limits
             *s = snap;
         }
     }
+}
+
+/// The EBS statistics of one pass, its log lines emitted.
+fn ebs_pass(
+    cfg: &LimitsSettings,
+    inputs: &dyn Inputs,
+    src: &dyn ebs::LogPageSource,
+    prev: &mut Prev,
+) -> ebs::EbsSnapshot {
+    let (snap, logs) = prev
+        .ebs
+        .pass(&cfg.sys_root, src, &inputs.volumes(), Instant::now());
+    for l in logs {
+        match l {
+            ebs::Log::Warn(m) => tracing::warn!("{m}"),
+            ebs::Log::Info(m) => tracing::info!("{m}"),
+        }
+    }
+    snap
 }
 
 /// One limits pass: collect, then count and log what could not be read.

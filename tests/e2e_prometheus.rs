@@ -13,7 +13,9 @@
 //! A second test (root and cgroup v1 blkio, like tests/limits.rs) puts the
 //! WAL on a loop device capped at 100 write IOPS and evaluates the
 //! PgStorageWalSyncSaturated alert's expression under a read-only and a
-//! writing pgbench load.
+//! writing pgbench load, and watches PgStorageCommitsThrottledByCap go from
+//! silent (cap far above the load, read-only load) to firing (writes at
+//! the cap).
 //!
 //! Skips (prints SKIPPED) when PostgreSQL is not installed, except under
 //! `CI`, where the harness fails instead. A missing `prometheus` binary
@@ -867,11 +869,11 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
     eprintln!("pgbench -S -c 4: {}", pgbench_wait(child, pg));
     assert!(checks >= 5, "{checks}");
 
-    // Writing clients on the capped device: checked while pgbench runs,
-    // when the 1 m window holds only this load.
-    // PgStorageCommitsThrottledByCap goes pending once the 1 m means hold
-    // the capped load, and fires 10 s later. The load runs on after it, for
-    // the timing-off part below.
+    // Writing clients on the capped device: PgStorageCommitsThrottledByCap
+    // goes pending once the 1 m means hold the capped load, and fires 10 s
+    // later; the saturation figures are checked while pgbench runs, when
+    // the 1 m window holds only this load, and the load runs on for the
+    // timing-off part below.
     let child = pgbench(pg, &["-n", "-c", "4", "-j", "2", "-T", "120"]);
     let start = Instant::now();
     let mut states: Vec<String> = Vec::new();
@@ -891,6 +893,26 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
         states,
         ["pending", "firing"],
         "PgStorageCommitsThrottledByCap on the capped WAL device: pending, then firing"
+    );
+    // Both figures in the annotations, as Alertmanager would get them.
+    let alerts = prom.api("/api/v1/alerts");
+    let fired = alerts["data"]["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["labels"]["alertname"] == "PgStorageCommitsThrottledByCap")
+        .unwrap_or_else(|| panic!("{alerts}"));
+    let (summary, description) = (
+        fired["annotations"]["summary"].as_str().unwrap(),
+        fired["annotations"]["description"].as_str().unwrap(),
+    );
+    eprintln!("PgStorageCommitsThrottledByCap: {summary}\n  {description}");
+    assert!(
+        summary.contains("cgroup write_iops cap on c/wal")
+            && description.contains("% used")
+            && description.contains("PostgreSQL's mean WAL sync is")
+            && description.contains("at its best over the last day"),
+        "{fired}"
     );
     if let Some(rest) = Duration::from_secs(64).checked_sub(start.elapsed()) {
         std::thread::sleep(rest);

@@ -133,6 +133,9 @@ fn dashboards_cover_what_the_issue_asks_for() {
         "pgstorage_pg_wal_sync_mean_seconds",
         "pgstorage_pg_wait_event_seconds_total",
         "pgstorage_probe_slowdown_ratio",
+        "pgstorage_ebs_volume_performance_exceeded_iops_seconds_total",
+        "pgstorage_ebs_instance_performance_exceeded_tp_seconds_total",
+        "instance_volume:pgstorage_commit_latency_seconds:mean_5m:min_1d",
         "phase=\"busy\"",
         "phase=\"after_idle\"",
     ] {

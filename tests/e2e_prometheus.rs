@@ -13,7 +13,9 @@
 //! A second test (root and cgroup v1 blkio, like tests/limits.rs) puts the
 //! WAL on a loop device capped at 100 write IOPS and evaluates the
 //! PgStorageWalSyncSaturated alert's expression under a read-only and a
-//! writing pgbench load.
+//! writing pgbench load, and watches PgStorageCommitsThrottledByCap go from
+//! silent (cap far above the load, read-only load) to firing (writes at
+//! the cap).
 //!
 //! Skips (prints SKIPPED) when PostgreSQL is not installed, except under
 //! `CI`, where the harness fails instead. A missing `prometheus` binary
@@ -648,7 +650,8 @@ fn pgbench_wait(child: Child, pg: &PgServer) -> String {
         .to_string()
 }
 
-/// The WAL sync saturation alerts against real load, evaluated through
+/// The WAL sync saturation alerts and PgStorageCommitsThrottledByCap
+/// against real load. The saturation alerts are evaluated through
 /// Prometheus' query API rather than by waiting out their `for:` (10 min):
 /// the alert expression as written in alerts.rules.yml, with its 5 m rate
 /// windows shortened to 1 m so that one minute of load decides it.
@@ -663,6 +666,14 @@ fn pgbench_wait(child: Child, pg: &PgServer) -> String {
 /// sync probe's mean over 2 m). The single-session ratio the old alert used
 /// (all commits / the commit ceiling in force) and the estimate with timing
 /// on are printed next to the exact share.
+///
+/// PgStorageCommitsThrottledByCap goes through Prometheus' own rule
+/// evaluation, in a copy of the rule files whose 5 m ranges are 1 m and
+/// whose `for:` for it is 10 s: it must stay silent (not even pending)
+/// under TPC-B with the cap set far above the load (100,000 write IOPS, the
+/// run that also gives the commit latency baseline) and under the
+/// read-only load on the 100 IOPS cap, and fire, naming the cgroup
+/// write_iops cap on the WAL volume, under TPC-B on the 100 IOPS cap.
 #[test]
 fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_wal_device() {
     if !loopdev::can_run("the WAL sync saturation e2e test", true) {
@@ -701,7 +712,14 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
     };
     let (pg, ex) = (&stack.pg, &stack.ex);
     std::fs::write(group.join("cgroup.procs"), ex.child.id().to_string()).unwrap();
-    let prom = Prometheus::start(ex.addr);
+    let rules_dir = tempfile::tempdir().unwrap();
+    let rules = rules_with_short_for(
+        rules_dir.path(),
+        "PgStorageCommitsThrottledByCap",
+        "10s",
+        Some("1m"),
+    );
+    let prom = Prometheus::start_with_rules(ex.addr, &rules);
     let t0 = Instant::now();
     ex.wait_for("the cluster's WAL volume", Duration::from_secs(60), |m| {
         m.contains("pgstorage_cluster_volume_info{cluster=\"c\",volume=\"c/wal\",role=\"wal\"} 1")
@@ -725,7 +743,9 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
         .output()
         .unwrap();
     assert!(init.status.success(), "pgbench -i: {init:?}");
-    fx.throttle(&group, "write_iops_device", 100);
+    // A cap far above what the device does: the cap's series exist, at a
+    // low utilization.
+    fx.throttle(&group, "write_iops_device", 100_000);
     wait_for_scrapes(&prom, 2, Duration::from_secs(60));
 
     let exact = alert_expr("PgStorageWalSyncSaturated").replace("[5m]", "[1m]");
@@ -773,6 +793,60 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
         );
         (share, firing)
     };
+    // PgStorageCommitsThrottledByCap: its two figures on the WAL volume
+    // (the rules' `mean_5m` is over 1 m in this copy) and its state.
+    let throttled_report = |what: &str| -> Option<String> {
+        let util = one("avg_over_time(pgstorage_io_limit_utilization_ratio\
+             {volume=\"c/wal\",source=\"cgroup\",resource=\"write_iops\"}[1m])");
+        let now = one("instance_volume:pgstorage_commit_latency_seconds:mean_5m\
+             {volume=\"c/wal\",basis=\"postgres\"}");
+        let best = one(
+            "instance_volume:pgstorage_commit_latency_seconds:mean_5m:min_1d\
+             {volume=\"c/wal\",basis=\"postgres\"}",
+        );
+        let alerts = prom
+            .query("ALERTS{alertname=\"PgStorageCommitsThrottledByCap\"}")
+            .unwrap();
+        let state = alerts.first().map(|a| {
+            let m = &a["metric"];
+            assert_eq!(
+                (&m["volume"], &m["source"], &m["resource"]),
+                (
+                    &serde_json::json!("c/wal"),
+                    &serde_json::json!("cgroup"),
+                    &serde_json::json!("write_iops")
+                ),
+                "{alerts:?}"
+            );
+            m["alertstate"].as_str().unwrap().to_string()
+        });
+        eprintln!(
+            "{what} (t={:.0}s): write_iops cap utilization {util:?}; PostgreSQL mean WAL sync \
+             now {now:?} s, best {best:?} s -> PgStorageCommitsThrottledByCap {}",
+            t0.elapsed().as_secs_f64(),
+            state.as_deref().unwrap_or("silent"),
+        );
+        state
+    };
+
+    // TPC-B with the cap far above the load: the commit latency baseline,
+    // and the alert silent.
+    let child = pgbench(pg, &["-n", "-c", "4", "-j", "2", "-T", "75"]);
+    let start = Instant::now();
+    std::thread::sleep(Duration::from_secs(50));
+    while start.elapsed() < Duration::from_secs(72) {
+        let state = throttled_report("pgbench -c 4, cap 100,000 write IOPS");
+        assert_eq!(
+            state, None,
+            "PgStorageCommitsThrottledByCap with no cap reached"
+        );
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    eprintln!(
+        "pgbench -c 4 (cap 100,000 write IOPS): {}",
+        pgbench_wait(child, pg)
+    );
+    fx.throttle(&group, "write_iops_device", 100);
 
     // Read-only: 2 minutes, checked every 10 s once the 1 m window holds
     // nothing but this load.
@@ -784,16 +858,65 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
         let (share, firing) = report("pgbench -S -c 4");
         assert!(share.is_some(), "no WAL sync time share under pgbench -S");
         assert!(!firing, "PgStorageWalSyncSaturated under a read-only load");
+        let state = throttled_report("pgbench -S -c 4, cap 100 write IOPS");
+        assert_eq!(
+            state, None,
+            "PgStorageCommitsThrottledByCap under a read-only load"
+        );
         checks += 1;
         std::thread::sleep(Duration::from_secs(10));
     }
     eprintln!("pgbench -S -c 4: {}", pgbench_wait(child, pg));
     assert!(checks >= 5, "{checks}");
 
-    // Writing clients on the capped device: checked while pgbench runs,
-    // when the 1 m window holds only this load.
-    let child = pgbench(pg, &["-n", "-c", "4", "-j", "2", "-T", "90"]);
-    std::thread::sleep(Duration::from_secs(64));
+    // Writing clients on the capped device: PgStorageCommitsThrottledByCap
+    // goes pending once the 1 m means hold the capped load, and fires 10 s
+    // later; the saturation figures are checked while pgbench runs, when
+    // the 1 m window holds only this load, and the load runs on for the
+    // timing-off part below.
+    let child = pgbench(pg, &["-n", "-c", "4", "-j", "2", "-T", "120"]);
+    let start = Instant::now();
+    let mut states: Vec<String> = Vec::new();
+    while start.elapsed() < Duration::from_secs(85) {
+        std::thread::sleep(Duration::from_secs(5));
+        let state = throttled_report("pgbench -c 4, cap 100 write IOPS");
+        if let Some(s) = state
+            && states.last() != Some(&s)
+        {
+            states.push(s);
+        }
+        if states.last().is_some_and(|s| s == "firing") {
+            break;
+        }
+    }
+    assert_eq!(
+        states,
+        ["pending", "firing"],
+        "PgStorageCommitsThrottledByCap on the capped WAL device: pending, then firing"
+    );
+    // Both figures in the annotations, as Alertmanager would get them.
+    let alerts = prom.api("/api/v1/alerts");
+    let fired = alerts["data"]["alerts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["labels"]["alertname"] == "PgStorageCommitsThrottledByCap")
+        .unwrap_or_else(|| panic!("{alerts}"));
+    let (summary, description) = (
+        fired["annotations"]["summary"].as_str().unwrap(),
+        fired["annotations"]["description"].as_str().unwrap(),
+    );
+    eprintln!("PgStorageCommitsThrottledByCap: {summary}\n  {description}");
+    assert!(
+        summary.contains("cgroup write_iops cap on c/wal")
+            && description.contains("% used")
+            && description.contains("PostgreSQL's mean WAL sync is")
+            && description.contains("at its best over the last day"),
+        "{fired}"
+    );
+    if let Some(rest) = Duration::from_secs(64).checked_sub(start.elapsed()) {
+        std::thread::sleep(rest);
+    }
     let (share, firing) = report("pgbench -c 4, WAL capped at 100 write IOPS");
 
     // The same load with track_wal_io_timing turned off (a reload): the
@@ -848,8 +971,15 @@ fn wal_sync_saturation_alert_silent_under_read_only_load_and_firing_on_a_capped_
 
 /// The shipped rule files with `alert`'s `for:` shortened to `hold`, in
 /// `dir`: the expression, labels and annotations are the shipped ones, only
-/// the wait before firing fits a test.
-fn rules_with_short_for(dir: &std::path::Path, alert: &str, hold: &str) -> Vec<PathBuf> {
+/// the wait before firing fits a test. With `window`, every `[5m]` range of
+/// every rule (recordings included) becomes that range too, so that a
+/// minute of load decides what five do in the shipped rules.
+fn rules_with_short_for(
+    dir: &std::path::Path,
+    alert: &str,
+    hold: &str,
+    window: Option<&str>,
+) -> Vec<PathBuf> {
     kit::RULE_FILES
         .iter()
         .map(|f| {
@@ -867,7 +997,10 @@ fn rules_with_short_for(dir: &std::path::Path, alert: &str, hold: &str) -> Vec<P
                     inside = false;
                     continue;
                 }
-                out.push_str(line);
+                match window {
+                    Some(w) => out.push_str(&line.replace("[5m]", &format!("[{w}]"))),
+                    None => out.push_str(line),
+                }
                 out.push('\n');
             }
             let path = dir.join(std::path::Path::new(f).file_name().unwrap());
@@ -908,7 +1041,7 @@ fn audit_critical_alert_fires_on_a_tmpfs_volume() {
     ex.wait_for("an audit pass", Duration::from_secs(30), |m| {
         m.contains("pgstorage_audit_finding{code=\"memory_filesystem\"")
     });
-    let rules = rules_with_short_for(work.path(), "PgStorageAuditCritical", "10s");
+    let rules = rules_with_short_for(work.path(), "PgStorageAuditCritical", "10s", None);
     let prom = Prometheus::start_with_rules(ex.addr, &rules);
     let alerts =
         r#"ALERTS{alertname="PgStorageAuditCritical", code="memory_filesystem", volume="scratch"}"#;

@@ -136,6 +136,7 @@ fn every_alert_has_summary_description_and_a_runbook_section() {
         "PgStorageWalSyncSaturated",
         "PgStorageWalSyncSaturatedEstimated",
         "PgStorageIOCapSaturated",
+        "PgStorageCommitsThrottledByCap",
         "PgStorageSyncSuspiciouslyFast",
         "PgStoragePostgresUnreachable",
         "PgStorageExporterDown",

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use crate::families::gauge;
 use crate::limits::LimitsSnapshot;
 use crate::model::ceiling::{commit_ceiling, sync_ratio};
+use crate::model::plateau::DepthPoint;
 use crate::postgres::ClusterSnapshot;
 use crate::probe::state::{Snapshot, VolumeState};
-use crate::types::{Op, Phase, series};
+use crate::types::{Op, Phase, Resource, series};
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 
@@ -219,33 +220,85 @@ pub fn encode(
         .iter()
         .filter_map(|(v, _)| v.sweep().map(|s| (v.name.as_str(), s)))
         .collect();
-    let depths: Vec<Vec<String>> = sweeps
-        .iter()
-        .map(|(_, s)| s.points.iter().map(|p| p.depth.to_string()).collect())
-        .collect();
+    // (volume, depth label, rate in the resource's unit, point) of one
+    // workload's table in every volume's latest sweep.
+    let table = |resource: Resource| {
+        let mut rows = Vec::new();
+        for (vol, s) in &sweeps {
+            for t in s.tables.iter().filter(|t| t.resource == resource) {
+                let w = t.workload();
+                for p in &t.points {
+                    rows.push((*vol, p.depth.to_string(), w.rate(p), *p));
+                }
+            }
+        }
+        rows
+    };
+    let rates = |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 2], f64)> {
+        rows.iter()
+            .map(|(vol, d, rate, _)| ([("volume", vol.to_string()), ("depth", d.clone())], *rate))
+            .collect()
+    };
+    let latencies = |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 3], f64)> {
+        rows.iter()
+            .flat_map(|(vol, d, _, p)| {
+                [("mean", p.mean), ("p99", p.p99)].map(|(stat, v)| {
+                    (
+                        [
+                            ("volume", vol.to_string()),
+                            ("depth", d.clone()),
+                            ("stat", stat.to_string()),
+                        ],
+                        v,
+                    )
+                })
+            })
+            .collect()
+    };
+    let read_iops = table(Resource::ReadIops);
+    let write_iops = table(Resource::WriteIops);
     gauge(
         enc,
         "pgstorage_sweep_read_iops",
         "IOPS of 8 KiB O_DIRECT random reads at each queue depth in the latest queue-depth sweep \
          (off unless sweep_every is set). IOPS that stop growing with depth while latency grows in \
          proportion is a cap: see pgstorage_io_limit{source=\"detected\"}.",
-        sweeps.iter().zip(&depths).flat_map(|((vol, s), ds)| {
-            s.points
-                .iter()
-                .zip(ds)
-                .map(move |(p, d)| ([("volume", *vol), ("depth", d.as_str())], p.iops))
-        }),
+        rates(&read_iops),
     )?;
     gauge(
         enc,
         "pgstorage_sweep_read_latency_seconds",
-        "Mean (stat=mean) and p99 (stat=p99) latency at each queue depth in the latest sweep.",
-        sweeps.iter().zip(&depths).flat_map(|((vol, s), ds)| {
-            s.points.iter().zip(ds).flat_map(move |(p, d)| {
-                [("mean", p.mean), ("p99", p.p99)]
-                    .map(|(stat, v)| ([("volume", *vol), ("depth", d.as_str()), ("stat", stat)], v))
-            })
-        }),
+        "Mean (stat=mean) and p99 (stat=p99) latency of the 8 KiB random reads at each queue depth \
+         in the latest sweep.",
+        latencies(&read_iops),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_write_iops",
+        "IOPS of 8 KiB O_DIRECT random writes into the sweep file at each queue depth in the latest \
+         queue-depth sweep.",
+        rates(&write_iops),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_write_latency_seconds",
+        "Mean (stat=mean) and p99 (stat=p99) latency of the 8 KiB random writes at each queue depth \
+         in the latest sweep.",
+        latencies(&write_iops),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_read_bytes_per_second",
+        "Bytes per second of 256 KiB O_DIRECT sequential reads at each queue depth in the latest \
+         queue-depth sweep.",
+        rates(&table(Resource::ReadBytesPerSecond)),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_write_bytes_per_second",
+        "Bytes per second of 256 KiB O_DIRECT sequential writes into the sweep file at each queue \
+         depth in the latest queue-depth sweep.",
+        rates(&table(Resource::WriteBytesPerSecond)),
     )?;
     gauge(
         enc,

@@ -37,7 +37,7 @@ fn volume(name: &str) -> VolumeInput {
         busy_every: Duration::ZERO,
         burst_commits: 24,
         commit_probes: 0,
-        detected_read_iops: None,
+        detected: Vec::new(),
     }
 }
 

@@ -512,8 +512,8 @@ fn write_sweep_table(o: &mut String, t: &Table) {
     let (unit, what) = match t.resource {
         Resource::ReadIops => ("IOPS", "read IOPS"),
         Resource::WriteIops => ("IOPS", "write IOPS"),
-        Resource::ReadBytesPerSecond => ("MiB/s", "MiB/s of reads"),
-        _ => ("MiB/s", "MiB/s of writes"),
+        Resource::ReadBytesPerSecond => ("MiB/s", "read bandwidth"),
+        _ => ("MiB/s", "write bandwidth"),
     };
     let fmt = |v: f64| {
         if w.in_bytes() {
@@ -532,7 +532,7 @@ fn write_sweep_table(o: &mut String, t: &Table) {
         "mean",
         "p99",
         if w.in_bytes() {
-            "depth/latency×size"
+            "depth×size/lat"
         } else {
             "depth/latency"
         }
@@ -553,15 +553,15 @@ fn write_sweep_table(o: &mut String, t: &Table) {
         Some(cap) => {
             let _ = writeln!(
                 o,
-                "  plateau at {} {what}: deeper queues add latency, not throughput. A cap (cgroup, \
-                 cloud volume) or the device's limit",
+                "  plateau at {} {unit} ({what}): deeper queues add latency, not throughput. A cap \
+                 (cgroup, cloud volume) or the device's limit",
                 fmt(cap)
             );
         }
         None => {
             let _ = writeln!(
                 o,
-                "  still grows with depth (or not steadily): no {what} cap within these depths"
+                "  no {what} cap within these depths: it grows with depth, or not steadily"
             );
         }
     }

@@ -516,11 +516,7 @@ fn write_sweep_table(o: &mut String, t: &Table) {
         _ => ("MiB/s", "write bandwidth"),
     };
     let fmt = |v: f64| {
-        if w.in_bytes() {
-            mib(v)
-        } else {
-            fmt_rate(v)
-        }
+        if w.in_bytes() { mib(v) } else { fmt_rate(v) }
     };
     let _ = writeln!(o);
     let _ = writeln!(o, "  queue-depth sweep, {}:", w.describe());

@@ -239,10 +239,26 @@ fn sweep_prints_the_four_depth_tables() {
     let (code, out, err) = check(dir.path(), &["--no-commit", "--sweep", "2s"]);
     assert_eq!(code, 0, "{err}");
     for (title, depths, column) in [
-        ("8 KiB O_DIRECT random reads", &["1", "4", "16", "64"][..], "IOPS"),
-        ("256 KiB O_DIRECT sequential reads", &["1", "4", "16"][..], "MiB/s"),
-        ("8 KiB O_DIRECT random writes", &["1", "4", "16", "64"][..], "IOPS"),
-        ("256 KiB O_DIRECT sequential writes", &["1", "4", "16"][..], "MiB/s"),
+        (
+            "8 KiB O_DIRECT random reads",
+            &["1", "4", "16", "64"][..],
+            "IOPS",
+        ),
+        (
+            "256 KiB O_DIRECT sequential reads",
+            &["1", "4", "16"][..],
+            "MiB/s",
+        ),
+        (
+            "8 KiB O_DIRECT random writes",
+            &["1", "4", "16", "64"][..],
+            "IOPS",
+        ),
+        (
+            "256 KiB O_DIRECT sequential writes",
+            &["1", "4", "16"][..],
+            "MiB/s",
+        ),
     ] {
         let head = format!("queue-depth sweep, {title}:");
         let table: Vec<&str> = out

@@ -57,7 +57,10 @@ fn swept(mnt: &Path, group: Option<&Path>, sweep_duration: &str) -> String {
         Duration::from_secs(90),
         |m| m.contains("pgstorage_sweep_last_timestamp_seconds{volume=\"t\"}"),
     );
-    assert!(!finished.contains("source=\"cgroup\""), "cgroup reading was off");
+    assert!(
+        !finished.contains("source=\"cgroup\""),
+        "cgroup reading was off"
+    );
     std::thread::sleep(Duration::from_millis(2500));
     let m = ex.metrics();
     // The sweep file lives only while a sweep runs.
@@ -139,11 +142,7 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
 
     // Same device, no throttle: nothing claimed. 1 s per depth is enough
     // for a device that is not rationing its IO.
-    for f in [
-        "write_iops_device",
-        "read_bps_device",
-        "write_bps_device",
-    ] {
+    for f in ["write_iops_device", "read_bps_device", "write_bps_device"] {
         fx.throttle(&group, f, 0);
     }
     let m = swept(&fx.mnt, None, "14s");
@@ -151,5 +150,8 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
         .lines()
         .filter(|l| l.starts_with("pgstorage_io_limit{") && l.contains("source=\"detected\""))
         .collect();
-    assert!(claimed.is_empty(), "plateaus claimed unthrottled: {claimed:?}");
+    assert!(
+        claimed.is_empty(),
+        "plateaus claimed unthrottled: {claimed:?}"
+    );
 }

@@ -234,27 +234,31 @@ pub fn encode(
         }
         rows
     };
-    let rates = |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 2], f64)> {
-        rows.iter()
-            .map(|(vol, d, rate, _)| ([("volume", vol.to_string()), ("depth", d.clone())], *rate))
-            .collect()
-    };
-    let latencies = |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 3], f64)> {
-        rows.iter()
-            .flat_map(|(vol, d, _, p)| {
-                [("mean", p.mean), ("p99", p.p99)].map(|(stat, v)| {
-                    (
-                        [
-                            ("volume", vol.to_string()),
-                            ("depth", d.clone()),
-                            ("stat", stat.to_string()),
-                        ],
-                        v,
-                    )
+    let rates =
+        |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 2], f64)> {
+            rows.iter()
+                .map(|(vol, d, rate, _)| {
+                    ([("volume", vol.to_string()), ("depth", d.clone())], *rate)
                 })
-            })
-            .collect()
-    };
+                .collect()
+        };
+    let latencies =
+        |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 3], f64)> {
+            rows.iter()
+                .flat_map(|(vol, d, _, p)| {
+                    [("mean", p.mean), ("p99", p.p99)].map(|(stat, v)| {
+                        (
+                            [
+                                ("volume", vol.to_string()),
+                                ("depth", d.clone()),
+                                ("stat", stat.to_string()),
+                            ],
+                            v,
+                        )
+                    })
+                })
+                .collect()
+        };
     let read_iops = table(Resource::ReadIops);
     let write_iops = table(Resource::WriteIops);
     gauge(

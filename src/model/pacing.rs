@@ -51,7 +51,11 @@ pub fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
 /// that the sweep's writes (`write_fraction` of `sweep_duration`, each
 /// write depth using whatever write cap there is in full) take at most
 /// [`MAX_CAP_SHARE`] of the time. A sweep without writes is not stretched.
-pub fn sweep_period(sweep_every: Duration, sweep_duration: Duration, write_fraction: f64) -> Duration {
+pub fn sweep_period(
+    sweep_every: Duration,
+    sweep_duration: Duration,
+    write_fraction: f64,
+) -> Duration {
     if !(write_fraction.is_finite() && write_fraction > 0.0) {
         return sweep_every;
     }

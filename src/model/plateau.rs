@@ -143,7 +143,11 @@ mod tests {
             ),
             (
                 "loop device out of CPU on this build machine: throughput collapses at depth 16",
-                vec![p(1, 11_999.0, 82.0), p(4, 13_064.0, 305.0), p(16, 6144.0, 2597.0)],
+                vec![
+                    p(1, 11_999.0, 82.0),
+                    p(4, 13_064.0, 305.0),
+                    p(16, 6144.0, 2597.0),
+                ],
                 None,
             ),
             (
@@ -158,7 +162,11 @@ mod tests {
             ),
             (
                 "three depths, flat from the first (a bandwidth cap)",
-                vec![p(1, 40.0, 25_000.0), p(4, 40.5, 99_000.0), p(16, 40.1, 399_000.0)],
+                vec![
+                    p(1, 40.0, 25_000.0),
+                    p(4, 40.5, 99_000.0),
+                    p(16, 40.1, 399_000.0),
+                ],
                 Some(40.5),
             ),
             (

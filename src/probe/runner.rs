@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use crate::events::{Incidents, Report};
 use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
-use crate::probe::sweep::{SWEEP_FILE_SIZE, Target};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
 use crate::probe::state::VolumeState;
+use crate::probe::sweep::{SWEEP_FILE_SIZE, Target};
 use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, Phase};
 
@@ -529,7 +529,8 @@ impl Runner {
         // few seconds an hour, not for the life of the volume. Without it
         // (no room above the reserve, no O_DIRECT) the read caps are still
         // worth finding.
-        let sweep_file = match dir.create_sweep_file(SWEEP_FILE_SIZE, self.cfg.probe.free_space_reserve)
+        let sweep_file = match dir
+            .create_sweep_file(SWEEP_FILE_SIZE, self.cfg.probe.free_space_reserve)
         {
             Ok(f) => Some(f),
             Err(e) => {

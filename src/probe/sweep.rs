@@ -324,29 +324,26 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
     let mut next = rng.below(blocks);
     let mut pushed_bytes = 0u64;
     let write = s.w.writes();
-    let mut submit = |queue: &mut UringQueue<N>,
-                      slot: usize,
-                      started: &mut [Instant]|
-     -> Result<bool, String> {
-        if s
-            .budget
-            .is_some_and(|b| pushed_bytes.saturating_add(N as u64) > b)
-        {
-            return Ok(false);
-        }
-        if let Some(t) = started.get_mut(slot) {
-            *t = Instant::now();
-        }
-        let at = offset(s.w.pattern, N, blocks, &mut next, &mut rng);
-        if write {
-            queue.push_write(slot, at)
-        } else {
-            queue.push_read(slot, at)
-        }
-        .map_err(str::to_string)?;
-        pushed_bytes += N as u64;
-        Ok(true)
-    };
+    let mut submit =
+        |queue: &mut UringQueue<N>, slot: usize, started: &mut [Instant]| -> Result<bool, String> {
+            if s.budget
+                .is_some_and(|b| pushed_bytes.saturating_add(N as u64) > b)
+            {
+                return Ok(false);
+            }
+            if let Some(t) = started.get_mut(slot) {
+                *t = Instant::now();
+            }
+            let at = offset(s.w.pattern, N, blocks, &mut next, &mut rng);
+            if write {
+                queue.push_write(slot, at)
+            } else {
+                queue.push_read(slot, at)
+            }
+            .map_err(str::to_string)?;
+            pushed_bytes += N as u64;
+            Ok(true)
+        };
     let mut failed: Option<String> = None;
     for slot in 0..depth as usize {
         // A failed push leaves nothing in flight for that slot; the drain
@@ -373,10 +370,7 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
             if res < 0 {
                 failed.get_or_insert_with(|| {
                     let what = if write { "write" } else { "read" };
-                    format!(
-                        "{what} failed: {}",
-                        std::io::Error::from_raw_os_error(-res)
-                    )
+                    format!("{what} failed: {}", std::io::Error::from_raw_os_error(-res))
                 });
             } else if let Some(t) = started.get(slot) {
                 let ns = (now.duration_since(*t).as_nanos() as u64).max(1);
@@ -474,7 +468,10 @@ mod tests {
         // 7 write depths share the budget; the reads write nothing.
         assert_eq!(write_share(&all), MAX_WRITE_BYTES / 7);
         assert!(write_share(&all) * 7 <= MAX_WRITE_BYTES);
-        assert_eq!(depth_time(Duration::from_secs(1), &[]), Duration::from_secs(1));
+        assert_eq!(
+            depth_time(Duration::from_secs(1), &[]),
+            Duration::from_secs(1)
+        );
         assert_eq!(write_fraction(&all), 0.5);
         assert_eq!(write_fraction(&reads), 0.0);
         assert_eq!(write_fraction(&[]), 0.0);

@@ -8,6 +8,9 @@
 //!   cgroup's own IO rate on the disk over the collector interval.
 //! - `source="provisioned"`: limits from the config (a cloud volume's IOPS
 //!   and throughput); utilization from the disk's /proc/diskstats counters.
+//! - `source="detected"`: the plateaus of the volume's latest queue-depth
+//!   sweep (read and write IOPS and bandwidth); utilization as for
+//!   provisioned limits.
 //!
 //! The capped commit ceiling needs to know how many device writes one
 //! commit probe costs. That is measured, not assumed: the exporter's own

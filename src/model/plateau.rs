@@ -8,6 +8,8 @@
 //! and 1,999 at QD 16, latency 0.5 → 8 ms). Both are in
 //! docs/storage-facts.md.
 //! That flat-IOPS, rising-latency shape is the plateau this module detects.
+//! A sweep of fixed-size IOs finds a bandwidth cap the same way: its IOPS
+//! plateau times the IO size is the bytes-per-second plateau.
 
 use serde::Serialize;
 

@@ -509,12 +509,8 @@ fn write_sweep_table(o: &mut String, t: &Table) {
     use std::fmt::Write;
     let w = t.workload();
     let mib = |b: f64| format!("{:.1}", b / (1u64 << 20) as f64);
-    let (unit, what) = match t.resource {
-        Resource::ReadIops => ("IOPS", "read IOPS"),
-        Resource::WriteIops => ("IOPS", "write IOPS"),
-        Resource::ReadBytesPerSecond => ("MiB/s", "read bandwidth"),
-        _ => ("MiB/s", "write bandwidth"),
-    };
+    let unit = if w.in_bytes() { "MiB/s" } else { "IOPS" };
+    let what = w.name();
     let fmt = |v: f64| {
         if w.in_bytes() { mib(v) } else { fmt_rate(v) }
     };

@@ -15,6 +15,16 @@ use crate::types::{Op, Phase, Resource, series};
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 
+/// One depth of one workload of a volume's latest sweep, as the
+/// `pgstorage_sweep_*` families show it.
+struct SweepRow<'a> {
+    volume: &'a str,
+    depth: String,
+    /// In the workload's unit: IOs or bytes per second.
+    rate: f64,
+    point: DepthPoint,
+}
+
 fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
     let cap = limits.write_iops_limit(volume)?;
     let wpp = limits.writes_per_probe.get(volume).copied()?;
@@ -220,45 +230,50 @@ pub fn encode(
         .iter()
         .filter_map(|(v, _)| v.sweep().map(|s| (v.name.as_str(), s)))
         .collect();
-    // (volume, depth label, rate in the resource's unit, point) of one
-    // workload's table in every volume's latest sweep.
-    let table = |resource: Resource| {
+    // One workload's depths in every volume's latest sweep.
+    let table = |resource: Resource| -> Vec<SweepRow<'_>> {
         let mut rows = Vec::new();
-        for (vol, s) in &sweeps {
+        for (volume, s) in &sweeps {
             for t in s.tables.iter().filter(|t| t.resource == resource) {
                 let w = t.workload();
                 for p in &t.points {
-                    rows.push((*vol, p.depth.to_string(), w.rate(p), *p));
+                    rows.push(SweepRow {
+                        volume,
+                        depth: p.depth.to_string(),
+                        rate: w.rate(p),
+                        point: *p,
+                    });
                 }
             }
         }
         rows
     };
-    let rates =
-        |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 2], f64)> {
-            rows.iter()
-                .map(|(vol, d, rate, _)| {
-                    ([("volume", vol.to_string()), ("depth", d.clone())], *rate)
+    let rates = |rows: &[SweepRow<'_>]| -> Vec<([(&'static str, String); 2], f64)> {
+        rows.iter()
+            .map(|r| {
+                (
+                    [("volume", r.volume.to_string()), ("depth", r.depth.clone())],
+                    r.rate,
+                )
+            })
+            .collect()
+    };
+    let latencies = |rows: &[SweepRow<'_>]| -> Vec<([(&'static str, String); 3], f64)> {
+        rows.iter()
+            .flat_map(|r| {
+                [("mean", r.point.mean), ("p99", r.point.p99)].map(|(stat, v)| {
+                    (
+                        [
+                            ("volume", r.volume.to_string()),
+                            ("depth", r.depth.clone()),
+                            ("stat", stat.to_string()),
+                        ],
+                        v,
+                    )
                 })
-                .collect()
-        };
-    let latencies =
-        |rows: &[(&str, String, f64, DepthPoint)]| -> Vec<([(&'static str, String); 3], f64)> {
-            rows.iter()
-                .flat_map(|(vol, d, _, p)| {
-                    [("mean", p.mean), ("p99", p.p99)].map(|(stat, v)| {
-                        (
-                            [
-                                ("volume", vol.to_string()),
-                                ("depth", d.clone()),
-                                ("stat", stat.to_string()),
-                            ],
-                            v,
-                        )
-                    })
-                })
-                .collect()
-        };
+            })
+            .collect()
+    };
     let read_iops = table(Resource::ReadIops);
     let write_iops = table(Resource::WriteIops);
     gauge(

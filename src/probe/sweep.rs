@@ -134,6 +134,18 @@ impl Workload {
         })
     }
 
+    /// What it finds, for reports: "write bandwidth".
+    pub fn name(&self) -> &'static str {
+        match self.resource {
+            Resource::ReadIops => "read IOPS",
+            Resource::WriteIops => "write IOPS",
+            Resource::ReadBytesPerSecond => "read bandwidth",
+            Resource::WriteBytesPerSecond => "write bandwidth",
+            Resource::Iops => "IOPS",
+            Resource::BytesPerSecond => "bandwidth",
+        }
+    }
+
     /// What it does, for reports: "8 KiB O_DIRECT random reads".
     pub fn describe(&self) -> String {
         let size = if self.block % (1 << 20) == 0 {
@@ -519,5 +531,6 @@ mod tests {
         assert_eq!(iops.limit(&pts), Some(40.0));
         assert_eq!(iops.describe(), "8 KiB O_DIRECT random writes");
         assert_eq!(bw.describe(), "256 KiB O_DIRECT sequential writes");
+        assert_eq!(bw.name(), "write bandwidth");
     }
 }

@@ -113,6 +113,7 @@ mod tests {
             (60, 8, 0.5, 200),    // 4 s of writes every minute would be 6.7 %
             (60, 8, 0.0, 60),     // reads only: as configured
             (600, 30, 0.5, 750),  // 15 s of writes: every 12.5 min
+            (600, 28, 0.5, 700),  // the default 28 s sweep: 14 s of writes
             (60, 8, f64::NAN, 60),
         ];
         for (every, dur, frac, want) in cases {

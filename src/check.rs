@@ -27,7 +27,8 @@ use crate::probe::files::{ProbeDir, SetupError, raw};
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, WAL_FILE_SIZE};
-use crate::types::{EngineChoice, EngineKind, SyncMethod};
+use crate::probe::sweep::{SWEEP_FILE_SIZE, Table, Target};
+use crate::types::{EngineChoice, EngineKind, Resource, SyncMethod};
 
 use progress::Progress;
 
@@ -80,10 +81,14 @@ pub struct Report {
     pub commit_ceiling_p99_per_second: Option<f64>,
     pub warnings: Vec<Warning>,
     pub interrupted: bool,
-    /// Queue-depth sweep, when asked for.
+    /// The sweep's 8 KiB random reads, when asked for (also the first of
+    /// `sweep_tables`; kept for readers of the read-only sweep's report).
     pub sweep: Option<Vec<DepthPoint>>,
     /// Read IOPS plateau found by the sweep.
     pub sweep_plateau_read_iops: Option<f64>,
+    /// Every workload of the sweep (read and write IOPS, read and write
+    /// bandwidth), each with its points and plateau.
+    pub sweep_tables: Option<Vec<Table>>,
     /// The storage-configuration audit of this volume and its host.
     pub audit: AuditReport,
 }
@@ -291,10 +296,18 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         commit_ceiling_p99_per_second: commit.and_then(|c| commit_ceiling(c.p99)),
         warnings,
         interrupted: crate::sys::interrupted(),
-        sweep_plateau_read_iops: m.sweep.as_deref().and_then(crate::model::plateau::detect),
-        sweep: m.sweep,
+        sweep_plateau_read_iops: read_iops(&m.sweep).and_then(|t| t.detected),
+        sweep: read_iops(&m.sweep).map(|t| t.points.clone()),
+        sweep_tables: m.sweep,
         audit,
     })
+}
+
+fn read_iops(tables: &Option<Vec<Table>>) -> Option<&Table> {
+    tables
+        .as_ref()?
+        .iter()
+        .find(|t| t.resource == Resource::ReadIops)
 }
 
 /// A probe directory that cannot be created for lack of permission (or on
@@ -319,7 +332,7 @@ fn cannot_create(e: SetupError, path: &Path) -> anyhow::Error {
 }
 
 struct Measured {
-    sweep: Option<Vec<DepthPoint>>,
+    sweep: Option<Vec<Table>>,
     write: Histogram<u64>,
     sync: Histogram<u64>,
     commit: Histogram<u64>,
@@ -460,14 +473,90 @@ fn measure(
                 Some(f) => f,
                 None => dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?,
             };
+            // Without a sweep file (no room above the reserve, no O_DIRECT)
+            // the read caps are still worth finding.
+            let sweep_file = match dir.create_sweep_file(SWEEP_FILE_SIZE, opts.free_space_reserve) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    m.errors.push(format!("sweep writes skipped: {e}"));
+                    None
+                }
+            };
             progress.phase("sweep", d, Duration::ZERO);
-            let points = crate::probe::sweep::run(raw(&read), opts.read_file_size, d, &stopped)
-                .map_err(|e| anyhow::anyhow!("queue-depth sweep: {e}"))?;
-            m.sweep = Some(points);
+            let tables = crate::probe::sweep::run(
+                Target {
+                    fd: raw(&read),
+                    size: opts.read_file_size,
+                },
+                sweep_file.as_ref().map(|f| Target {
+                    fd: raw(f),
+                    size: SWEEP_FILE_SIZE,
+                }),
+                d,
+                &stopped,
+            );
+            drop(sweep_file);
+            dir.remove_sweep_file();
+            m.sweep = Some(tables.map_err(|e| anyhow::anyhow!("queue-depth sweep: {e}"))?);
         }
     }
     m.elapsed = probing;
     Ok(m)
+}
+
+/// One workload of the sweep: its depths, rate, latency and plateau.
+fn write_sweep_table(o: &mut String, t: &Table) {
+    use std::fmt::Write;
+    let w = t.workload();
+    let mib = |b: f64| format!("{:.1}", b / (1u64 << 20) as f64);
+    let unit = if w.in_bytes() { "MiB/s" } else { "IOPS" };
+    let what = w.name();
+    let fmt = |v: f64| {
+        if w.in_bytes() { mib(v) } else { fmt_rate(v) }
+    };
+    let _ = writeln!(o);
+    let _ = writeln!(o, "  queue-depth sweep, {}:", w.describe());
+    let _ = writeln!(
+        o,
+        "  {:>6}{:>11}{:>11}{:>11}{:>16}",
+        "depth",
+        unit,
+        "mean",
+        "p99",
+        if w.in_bytes() {
+            "depth×size/lat"
+        } else {
+            "depth/latency"
+        }
+    );
+    for p in &t.points {
+        let littles = p.littles_law_iops() * if w.in_bytes() { w.block as f64 } else { 1.0 };
+        let _ = writeln!(
+            o,
+            "  {:>6}{:>11}{:>11}{:>11}{:>16}",
+            p.depth,
+            fmt(w.rate(p)),
+            fmt_seconds(p.mean),
+            fmt_seconds(p.p99),
+            fmt(littles)
+        );
+    }
+    match t.detected {
+        Some(cap) => {
+            let _ = writeln!(
+                o,
+                "  plateau at {} {unit} ({what}): deeper queues add latency, not throughput. A cap \
+                 (cgroup, cloud volume) or the device's limit",
+                fmt(cap)
+            );
+        }
+        None => {
+            let _ = writeln!(
+                o,
+                "  no {what} cap within these depths: it grows with depth, or not steadily"
+            );
+        }
+    }
 }
 
 fn fmt_rate(r: f64) -> String {
@@ -589,41 +678,8 @@ pub fn render_text(r: &Report) -> String {
     for e in &r.errors {
         let _ = writeln!(o, "  error: {e}");
     }
-    if let Some(points) = &r.sweep {
-        let _ = writeln!(o);
-        let _ = writeln!(o, "  queue-depth sweep, 8 KiB O_DIRECT random reads:");
-        let _ = writeln!(
-            o,
-            "  {:>6}{:>11}{:>11}{:>11}{:>16}",
-            "depth", "IOPS", "mean", "p99", "depth/latency"
-        );
-        for p in points {
-            let _ = writeln!(
-                o,
-                "  {:>6}{:>11}{:>11}{:>11}{:>16}",
-                p.depth,
-                fmt_rate(p.iops),
-                fmt_seconds(p.mean),
-                fmt_seconds(p.p99),
-                fmt_rate(p.littles_law_iops())
-            );
-        }
-        match r.sweep_plateau_read_iops {
-            Some(cap) => {
-                let _ = writeln!(
-                    o,
-                    "  plateau at {} read IOPS: deeper queues add latency, not IOPS. A cap (cgroup, \
-                     cloud volume) or the device's limit",
-                    fmt_rate(cap)
-                );
-            }
-            None => {
-                let _ = writeln!(
-                    o,
-                    "  IOPS still grow with depth: no read cap within these depths"
-                );
-            }
-        }
+    for t in r.sweep_tables.iter().flatten() {
+        write_sweep_table(&mut o, t);
     }
     let _ = writeln!(o);
     if r.interrupted {

@@ -286,10 +286,12 @@ pub struct CheckArgs {
     #[arg(long = "no-read")]
     pub no_read: bool,
 
-    /// Also run a queue-depth sweep (read depths 1, 4, 16, 64) for this
-    /// long after the probes, and report any IOPS plateau (8s when given
-    /// without a value; off when not given).
-    #[arg(long = "sweep", value_parser = parse_duration, value_name = "DURATION", num_args = 0..=1, default_missing_value = "8s")]
+    /// Also run a queue-depth sweep for this long after the probes (8 KiB
+    /// random reads and writes at depths 1, 4, 16, 64; 256 KiB sequential
+    /// reads and writes at depths 1, 4, 16), and report any plateau of read
+    /// and write IOPS and bandwidth (28s when given without a value; off
+    /// when not given). Writes up to 288 MiB into a sweep file of its own.
+    #[arg(long = "sweep", value_parser = parse_duration, value_name = "DURATION", num_args = 0..=1, default_missing_value = "28s")]
     pub sweep: Option<Duration>,
 
     /// Print only the storage-configuration audit of PATH's volume and the

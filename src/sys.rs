@@ -240,17 +240,24 @@ impl<const N: usize> Drop for UringReader<N> {
     }
 }
 
+/// Which way an SQE of a [`UringQueue`] moves data.
+#[derive(Debug, Clone, Copy)]
+enum Dir {
+    Read,
+    Write,
+}
+
 struct Slot<const N: usize> {
     buf: AlignedBuf<N>,
     /// Pushed and its CQE not yet reaped.
     in_flight: bool,
 }
 
-/// An io_uring with `depth` read slots, each with its own `N`-byte
-/// `O_DIRECT` buffer, for many reads of one file in flight at once (the
+/// An io_uring with `depth` slots, each with its own `N`-byte `O_DIRECT`
+/// buffer, for many reads or writes of one file in flight at once (the
 /// queue-depth sweep). A slot's buffer belongs to the slot table for as
-/// long as the queue lives, and a slot takes a new read only after the CQE
-/// of its previous one was reaped.
+/// long as the queue lives, and a slot takes a new read or write only after
+/// the CQE of its previous one was reaped.
 pub struct UringQueue<'fd, const N: usize> {
     /// `None` once poisoned: leaked, with the slots.
     ring: Option<IoUring>,
@@ -285,7 +292,7 @@ impl<'fd, const N: usize> UringQueue<'fd, N> {
         })
     }
 
-    /// Reads pushed whose completion was not reaped yet.
+    /// Reads and writes pushed whose completion was not reaped yet.
     pub fn in_flight(&self) -> usize {
         self.slots.iter().filter(|s| s.in_flight).count()
     }
@@ -302,6 +309,33 @@ impl<'fd, const N: usize> UringQueue<'fd, N> {
     /// out of range or still in flight, a full submission queue and a
     /// poisoned ring.
     pub fn push_read(&mut self, slot: usize, offset: u64) -> Result<(), &'static str> {
+        self.push(slot, offset, Dir::Read)
+    }
+
+    /// Queues a write of `slot`'s buffer (`N` bytes, as [`UringQueue::fill`]
+    /// left it) at `offset` of the queue's file; refused as
+    /// [`UringQueue::push_read`] is. The file must be open for writing.
+    pub fn push_write(&mut self, slot: usize, offset: u64) -> Result<(), &'static str> {
+        self.push(slot, offset, Dir::Write)
+    }
+
+    /// Lets `f` write into every slot's buffer (the data the writes will
+    /// carry). Refused while any slot is in flight: the kernel may be
+    /// reading or writing those buffers.
+    pub fn fill(&mut self, mut f: impl FnMut(&mut [u8])) -> Result<(), &'static str> {
+        if self.ring.is_none() {
+            return Err("io_uring failed earlier");
+        }
+        if self.in_flight() > 0 {
+            return Err("slots still in flight");
+        }
+        for s in &mut self.slots {
+            f(s.buf.as_mut_slice());
+        }
+        Ok(())
+    }
+
+    fn push(&mut self, slot: usize, offset: u64, dir: Dir) -> Result<(), &'static str> {
         let Some(ring) = self.ring.as_mut() else {
             return Err("io_uring failed earlier");
         };
@@ -311,33 +345,38 @@ impl<'fd, const N: usize> UringQueue<'fd, N> {
         if s.in_flight {
             return Err("slot still in flight");
         }
-        let sqe = opcode::Read::new(
-            types::Fd(self.fd.as_raw_fd()),
-            s.buf.as_mut_slice().as_mut_ptr(),
-            N as u32,
-        )
-        .offset(offset)
-        .build()
+        let fd = types::Fd(self.fd.as_raw_fd());
+        let sqe = match dir {
+            Dir::Read => opcode::Read::new(fd, s.buf.as_mut_slice().as_mut_ptr(), N as u32)
+                .offset(offset)
+                .build(),
+            Dir::Write => opcode::Write::new(fd, s.buf.as_slice().as_ptr(), N as u32)
+                .offset(offset)
+                .build(),
+        }
         .user_data(slot as u64);
         // SAFETY: the SQE points at this slot's buffer, N bytes that the
-        // slot table owns; the kernel may write into it until the CQE
-        // carrying this slot's number is posted. The slot is marked in
-        // flight below and is handed out again (here) only after `wait` has
-        // reaped that CQE; nothing else touches the buffers. The table is
+        // slot table owns; the kernel may write into it (a read) or read
+        // from it (a write) until the CQE carrying this slot's number is
+        // posted. The slot is marked in flight below and is handed out
+        // again (here, or to `fill`, which refuses while any slot is in
+        // flight) only after `wait` has reaped that CQE; nothing else
+        // touches the buffers, so a write never sends bytes being changed
+        // under it and a read never lands in a buffer in use. The table is
         // only ever released with no slot in flight: `wait` leaks it with
         // the ring when `io_uring_enter` fails, and `Drop` leaks both when
         // any slot is still in flight (a sweep abandoned mid-way), so the
-        // kernel never writes into freed or reused memory. The descriptor
-        // is borrowed for the queue's life, so it is open when `wait`
-        // submits the SQE; the kernel holds its own reference to the file
-        // from then until the completion.
+        // kernel never touches freed or reused memory. The descriptor is
+        // borrowed for the queue's life, so it is open when `wait` submits
+        // the SQE; the kernel holds its own reference to the file from then
+        // until the completion.
         unsafe { ring.submission().push(&sqe) }.map_err(|_| "submission queue full")?;
         s.in_flight = true;
         Ok(())
     }
 
     /// Submits what was pushed, waits for at least one completion and
-    /// returns the reaped ones as (slot, result): bytes read or a negated
+    /// returns the reaped ones as (slot, result): bytes moved or a negated
     /// errno. Returns at once with none when nothing is in flight. A failed
     /// `io_uring_enter` (other than EINTR, which is retried) poisons the
     /// queue: ring and buffers are leaked, and later calls fail with EBADF.
@@ -667,6 +706,48 @@ mod tests {
             q.wait().unwrap().is_empty(),
             "nothing in flight to wait for"
         );
+    }
+
+    #[test]
+    fn uring_queue_writes_the_filled_buffers_and_refuses_to_fill_in_flight() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = patterned(tmp.path(), 4);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)
+            .or_else(|_| std::fs::OpenOptions::new().read(true).write(true).open(&p))
+            .unwrap();
+        let Ok(mut q) = UringQueue::<B>::new(f.as_fd(), 2) else {
+            return;
+        };
+        let mut n = 0u8;
+        q.fill(|b| {
+            n += 1;
+            b.fill(0xA0 + n);
+        })
+        .unwrap();
+        q.push_write(0, 3 * B as u64).unwrap();
+        q.push_write(1, B as u64).unwrap();
+        assert_eq!(
+            q.fill(|b| b.fill(0)),
+            Err("slots still in flight"),
+            "a buffer the kernel may be reading is never changed"
+        );
+        let mut done = Vec::new();
+        while q.in_flight() > 0 {
+            done.extend(q.wait().unwrap());
+        }
+        done.sort_unstable();
+        assert_eq!(done, vec![(0, B as i32), (1, B as i32)]);
+        drop(q);
+        let data = std::fs::read(&p).unwrap();
+        let block = |i: usize| &data[i * B..(i + 1) * B];
+        assert!(block(0).iter().all(|&x| x == 1), "untouched");
+        assert!(block(1).iter().all(|&x| x == 0xA2));
+        assert!(block(2).iter().all(|&x| x == 3), "untouched");
+        assert!(block(3).iter().all(|&x| x == 0xA1));
     }
 
     #[test]

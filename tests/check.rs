@@ -234,28 +234,70 @@ fn sigint_ends_a_long_check_early_and_cleans_up() {
 }
 
 #[test]
-fn sweep_prints_the_depth_table() {
+fn sweep_prints_the_four_depth_tables() {
     let dir = tempfile::tempdir().unwrap();
     let (code, out, err) = check(dir.path(), &["--no-commit", "--sweep", "2s"]);
     assert_eq!(code, 0, "{err}");
-    assert!(
-        out.contains("queue-depth sweep, 8 KiB O_DIRECT random reads:"),
-        "{out}"
-    );
-    assert!(out.contains("depth/latency"), "{out}");
-    for depth in ["1", "4", "16", "64"] {
+    for (title, depths, column) in [
+        (
+            "8 KiB O_DIRECT random reads",
+            &["1", "4", "16", "64"][..],
+            "IOPS",
+        ),
+        (
+            "256 KiB O_DIRECT sequential reads",
+            &["1", "4", "16"][..],
+            "MiB/s",
+        ),
+        (
+            "8 KiB O_DIRECT random writes",
+            &["1", "4", "16", "64"][..],
+            "IOPS",
+        ),
+        (
+            "256 KiB O_DIRECT sequential writes",
+            &["1", "4", "16"][..],
+            "MiB/s",
+        ),
+    ] {
+        let head = format!("queue-depth sweep, {title}:");
+        let table: Vec<&str> = out
+            .split(&head)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {head:?} in:\n{out}"))
+            .lines()
+            .skip(1)
+            .take(depths.len() + 2)
+            .collect();
+        assert!(table[0].contains(column), "{table:?}");
+        for (row, depth) in table[1..].iter().zip(depths) {
+            assert_eq!(row.split_whitespace().next(), Some(*depth), "{table:?}");
+        }
+        let verdict = table[depths.len() + 1];
         assert!(
-            out.lines()
-                .any(|l| l.split_whitespace().next() == Some(depth)),
-            "depth {depth} row missing:\n{out}"
+            verdict.contains("plateau at") || verdict.contains("cap within these depths"),
+            "{table:?}"
         );
     }
-    assert!(
-        out.contains("plateau at") || out.contains("IOPS still grow with depth"),
-        "{out}"
-    );
     let r = json(dir.path(), &["--no-commit", "--sweep", "2s"]);
     assert_eq!(r["sweep"].as_array().unwrap().len(), 4);
+    let tables = r["sweep_tables"].as_array().unwrap();
+    let resources: Vec<&str> = tables
+        .iter()
+        .map(|t| t["resource"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        resources,
+        [
+            "read_iops",
+            "read_bytes_per_second",
+            "write_iops",
+            "write_bytes_per_second"
+        ]
+    );
+    assert_eq!(tables[3]["block_bytes"], 262_144);
+    assert_eq!(tables[3]["pattern"], "sequential");
+    assert_eq!(tables[3]["points"].as_array().unwrap().len(), 3);
     assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
 }
 

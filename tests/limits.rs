@@ -169,7 +169,7 @@ fn sweep_detects_a_read_iops_throttle_with_cgroup_reading_disabled() {
         format!(
             "limits_interval = \"1s\"\ncgroup_root = \"{}\"\n\
              [[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"read\"]\nread_file_size = \"64MiB\"\n\
-             free_space_reserve = \"0\"\nsweep_every = \"1h\"\nsweep_duration = \"4s\"\n",
+             free_space_reserve = \"0\"\nsweep_every = \"1h\"\nsweep_duration = \"14s\"\n",
             empty.display(),
             fx.mnt.display()
         ),

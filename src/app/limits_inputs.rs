@@ -44,7 +44,15 @@ impl Inputs for LimitsInputs {
                     busy_every: v.busy_every,
                     burst_commits: BURST_COMMITS,
                     commit_probes: snap.commit_probes,
-                    detected_read_iops: v.sweep().and_then(|s| s.detected),
+                    detected: v
+                        .sweep()
+                        .map(|s| {
+                            s.tables
+                                .iter()
+                                .filter_map(|t| t.detected.map(|d| (t.resource, d)))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 }
             })
             .collect()

@@ -8,11 +8,22 @@ use std::sync::Arc;
 use crate::families::gauge;
 use crate::limits::LimitsSnapshot;
 use crate::model::ceiling::{commit_ceiling, sync_ratio};
+use crate::model::plateau::DepthPoint;
 use crate::postgres::ClusterSnapshot;
 use crate::probe::state::{Snapshot, VolumeState};
-use crate::types::{Op, Phase, series};
+use crate::types::{Op, Phase, Resource, series};
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
+
+/// One depth of one workload of a volume's latest sweep, as the
+/// `pgstorage_sweep_*` families show it.
+struct SweepRow<'a> {
+    volume: &'a str,
+    depth: String,
+    /// In the workload's unit: IOs or bytes per second.
+    rate: f64,
+    point: DepthPoint,
+}
 
 fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
     let cap = limits.write_iops_limit(volume)?;
@@ -222,33 +233,94 @@ pub fn encode(
         .iter()
         .filter_map(|(v, _)| v.sweep().map(|s| (v.name.as_str(), s)))
         .collect();
-    let depths: Vec<Vec<String>> = sweeps
-        .iter()
-        .map(|(_, s)| s.points.iter().map(|p| p.depth.to_string()).collect())
-        .collect();
+    // One workload's depths in every volume's latest sweep.
+    let table = |resource: Resource| -> Vec<SweepRow<'_>> {
+        let mut rows = Vec::new();
+        for (volume, s) in &sweeps {
+            for t in s.tables.iter().filter(|t| t.resource == resource) {
+                let w = t.workload();
+                for p in &t.points {
+                    rows.push(SweepRow {
+                        volume,
+                        depth: p.depth.to_string(),
+                        rate: w.rate(p),
+                        point: *p,
+                    });
+                }
+            }
+        }
+        rows
+    };
+    let rates = |rows: &[SweepRow<'_>]| -> Vec<([(&'static str, String); 2], f64)> {
+        rows.iter()
+            .map(|r| {
+                (
+                    [("volume", r.volume.to_string()), ("depth", r.depth.clone())],
+                    r.rate,
+                )
+            })
+            .collect()
+    };
+    let latencies = |rows: &[SweepRow<'_>]| -> Vec<([(&'static str, String); 3], f64)> {
+        rows.iter()
+            .flat_map(|r| {
+                [("mean", r.point.mean), ("p99", r.point.p99)].map(|(stat, v)| {
+                    (
+                        [
+                            ("volume", r.volume.to_string()),
+                            ("depth", r.depth.clone()),
+                            ("stat", stat.to_string()),
+                        ],
+                        v,
+                    )
+                })
+            })
+            .collect()
+    };
+    let read_iops = table(Resource::ReadIops);
+    let write_iops = table(Resource::WriteIops);
     gauge(
         enc,
         "pgstorage_sweep_read_iops",
         "IOPS of 8 KiB O_DIRECT random reads at each queue depth in the latest queue-depth sweep \
          (off unless sweep_every is set). IOPS that stop growing with depth while latency grows in \
          proportion is a cap: see pgstorage_io_limit{source=\"detected\"}.",
-        sweeps.iter().zip(&depths).flat_map(|((vol, s), ds)| {
-            s.points
-                .iter()
-                .zip(ds)
-                .map(move |(p, d)| ([("volume", *vol), ("depth", d.as_str())], p.iops))
-        }),
+        rates(&read_iops),
     )?;
     gauge(
         enc,
         "pgstorage_sweep_read_latency_seconds",
-        "Mean (stat=mean) and p99 (stat=p99) latency at each queue depth in the latest sweep.",
-        sweeps.iter().zip(&depths).flat_map(|((vol, s), ds)| {
-            s.points.iter().zip(ds).flat_map(move |(p, d)| {
-                [("mean", p.mean), ("p99", p.p99)]
-                    .map(|(stat, v)| ([("volume", *vol), ("depth", d.as_str()), ("stat", stat)], v))
-            })
-        }),
+        "Mean (stat=mean) and p99 (stat=p99) latency of the 8 KiB random reads at each queue depth \
+         in the latest sweep.",
+        latencies(&read_iops),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_write_iops",
+        "IOPS of 8 KiB O_DIRECT random writes into the sweep file at each queue depth in the latest \
+         queue-depth sweep.",
+        rates(&write_iops),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_write_latency_seconds",
+        "Mean (stat=mean) and p99 (stat=p99) latency of the 8 KiB random writes at each queue depth \
+         in the latest sweep.",
+        latencies(&write_iops),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_read_bytes_per_second",
+        "Bytes per second of 256 KiB O_DIRECT sequential reads at each queue depth in the latest \
+         queue-depth sweep.",
+        rates(&table(Resource::ReadBytesPerSecond)),
+    )?;
+    gauge(
+        enc,
+        "pgstorage_sweep_write_bytes_per_second",
+        "Bytes per second of 256 KiB O_DIRECT sequential writes into the sweep file at each queue \
+         depth in the latest queue-depth sweep.",
+        rates(&table(Resource::WriteBytesPerSecond)),
     )?;
     gauge(
         enc,

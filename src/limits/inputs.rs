@@ -36,8 +36,10 @@ pub struct VolumeInput {
     pub burst_commits: u32,
     /// Commit probes done since start.
     pub commit_probes: u64,
-    /// The read-IOPS plateau of the latest queue-depth sweep, if any.
-    pub detected_read_iops: Option<f64>,
+    /// The plateaus of the latest queue-depth sweep, one per resource that
+    /// showed one (`read_iops`, `write_iops`, `read_bytes_per_second`,
+    /// `write_bytes_per_second`).
+    pub detected: Vec<(Resource, f64)>,
 }
 
 /// One watched PostgreSQL cluster.

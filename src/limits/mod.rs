@@ -8,6 +8,9 @@
 //!   cgroup's own IO rate on the disk over the collector interval.
 //! - `source="provisioned"`: limits from the config (a cloud volume's IOPS
 //!   and throughput); utilization from the disk's /proc/diskstats counters.
+//! - `source="detected"`: the plateaus of the volume's latest queue-depth
+//!   sweep (read and write IOPS and bandwidth); utilization as for
+//!   provisioned limits.
 //!
 //! The capped commit ceiling needs to know how many device writes one
 //! commit probe costs. That is measured, not assumed: the exporter's own
@@ -416,45 +419,31 @@ fn collect(
                 seen_pressure.push(loc.path.clone());
             }
         }
-        // Provisioned limits, utilization from the whole disk's counters.
+        // Provisioned limits and the sweep's plateaus: utilization from the
+        // whole disk's counters, every process's IO included.
         let ds_now = disk_stats.get(&disk.name).copied();
         let ds_prev = prev.disks.get(&disk.name).copied();
+        let disk_utilization = |resource: Resource, value: f64| match (dt, ds_now, ds_prev) {
+            (Some(dt), Some(a), Some(b)) => Some(disk_rate(resource, &a.delta(&b)) / dt / value),
+            _ => None,
+        };
         for (resource, value) in &v.provisioned {
-            let utilization = match (dt, ds_now, ds_prev) {
-                (Some(dt), Some(a), Some(b)) => {
-                    let d = a.delta(&b);
-                    let rate = match resource {
-                        Resource::Iops => (d.reads + d.writes) as f64,
-                        Resource::ReadIops => d.reads as f64,
-                        Resource::WriteIops => d.writes as f64,
-                        Resource::BytesPerSecond => (d.read_bytes + d.write_bytes) as f64,
-                        Resource::ReadBytesPerSecond => d.read_bytes as f64,
-                        Resource::WriteBytesPerSecond => d.write_bytes as f64,
-                    } / dt;
-                    Some(rate / *value as f64)
-                }
-                _ => None,
-            };
             out.rows.push(LimitRow {
                 volume: v.name.clone(),
                 source: "provisioned",
                 resource: *resource,
                 value: *value as f64,
-                utilization,
+                utilization: disk_utilization(*resource, *value as f64),
             });
         }
-        // A plateau found by the queue-depth sweep.
-        if let Some(d) = v.detected_read_iops {
-            let utilization = match (dt, ds_now, ds_prev) {
-                (Some(dt), Some(a), Some(b)) => Some(a.delta(&b).reads as f64 / dt / d),
-                _ => None,
-            };
+        // Plateaus found by the queue-depth sweep.
+        for (resource, value) in &v.detected {
             out.rows.push(LimitRow {
                 volume: v.name.clone(),
                 source: "detected",
-                resource: Resource::ReadIops,
-                value: d,
-                utilization,
+                resource: *resource,
+                value: *value,
+                utilization: disk_utilization(*resource, *value),
             });
         }
         // Writes per commit probe, from the exporter's own cgroup, when the
@@ -554,6 +543,18 @@ fn collect(
     prev.disks = disk_stats;
     prev.at = Some(now);
     out
+}
+
+/// What `d` (a whole disk's counter deltas) counts toward `resource`.
+fn disk_rate(resource: Resource, d: &diskstats::DiskStats) -> f64 {
+    (match resource {
+        Resource::Iops => d.reads + d.writes,
+        Resource::ReadIops => d.reads,
+        Resource::WriteIops => d.writes,
+        Resource::BytesPerSecond => d.read_bytes + d.write_bytes,
+        Resource::ReadBytesPerSecond => d.read_bytes,
+        Resource::WriteBytesPerSecond => d.write_bytes,
+    }) as f64
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ fn volume(name: &str) -> VolumeInput {
         busy_every: Duration::ZERO,
         burst_commits: 24,
         commit_probes: 0,
-        detected_read_iops: None,
+        detected: Vec::new(),
     }
 }
 
@@ -196,4 +196,46 @@ fn a_cgroup_root_that_is_not_a_hierarchy_fails_an_empty_one_is_off() {
     assert!(s.cgroups.is_empty());
     // Provisioned limits do not depend on cgroups.
     assert!(s.rows.iter().any(|r| r.source == "provisioned"));
+}
+
+#[test]
+fn sweep_plateaus_are_detected_rows_with_the_disks_utilization() {
+    let h = host();
+    let mut f = inputs(&h);
+    f.volumes[0].detected = vec![
+        (Resource::WriteIops, 300.0),
+        (Resource::WriteBytesPerSecond, 10.0 * 1048576.0),
+    ];
+    let mut prev = Prev::default();
+    let t0 = Instant::now();
+    let s = pass(&h.cfg, &f, &mut prev, t0);
+    let detected: Vec<_> = s.rows.iter().filter(|r| r.source == "detected").collect();
+    assert_eq!(detected.len(), 2, "{detected:?}");
+    assert!(
+        detected.iter().all(|r| r.utilization.is_none()),
+        "one reading: no rate yet"
+    );
+    // Then 300 more writes and 40,960 more sectors written (20 MiB), over
+    // an interval the pass measures itself: write_iops runs at 300/dt of
+    // 300, write bandwidth at 20 MiB/dt of 10 MiB/s, twice that share.
+    std::fs::write(
+        h.cfg.proc_root.join("diskstats"),
+        " 254       0 vda 874 12 51234 100 842 30 49960 200 0 300 400 0 0 0 0 10 5\n",
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let s = pass(&h.cfg, &f, &mut prev, t0);
+    let ratio = |res: Resource| {
+        s.rows
+            .iter()
+            .find(|r| r.source == "detected" && r.resource == res)
+            .and_then(|r| r.utilization)
+            .unwrap()
+    };
+    let iops = ratio(Resource::WriteIops);
+    assert!(iops > 0.0);
+    assert!((ratio(Resource::WriteBytesPerSecond) / iops - 2.0).abs() < 1e-9);
+    // The provisioned row is computed the same way: 300 IOs of 3000.
+    let prov = s.rows.iter().find(|r| r.source == "provisioned").unwrap();
+    assert!((prov.utilization.unwrap() / iops - 0.1).abs() < 1e-9);
 }

@@ -47,6 +47,21 @@ pub fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
     (own_writes_per_second / (cap * MAX_CAP_SHARE)).max(1.0)
 }
 
+/// The period between queue-depth sweeps: `sweep_every`, stretched so
+/// that the sweep's writes (`write_fraction` of `sweep_duration`, each
+/// write depth using whatever write cap there is in full) take at most
+/// [`MAX_CAP_SHARE`] of the time. A sweep without writes is not stretched.
+pub fn sweep_period(
+    sweep_every: Duration,
+    sweep_duration: Duration,
+    write_fraction: f64,
+) -> Duration {
+    if !(write_fraction.is_finite() && write_fraction > 0.0) {
+        return sweep_every;
+    }
+    sweep_every.max(sweep_duration.mul_f64(write_fraction / MAX_CAP_SHARE))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,6 +102,23 @@ mod tests {
                 (got - want).abs() < 1e-9,
                 "slowdown({own}, {cap}) = {got}, want {want}"
             );
+        }
+    }
+
+    #[test]
+    fn sweep_period_table() {
+        // (sweep_every, sweep_duration, write fraction, period)
+        let cases = [
+            (3600, 8, 0.5, 3600), // the usual hour: 4 s of writes is 0.1 %
+            (60, 8, 0.5, 200),    // 4 s of writes every minute would be 6.7 %
+            (60, 8, 0.0, 60),     // reads only: as configured
+            (600, 30, 0.5, 750),  // 15 s of writes: every 12.5 min
+            (600, 28, 0.5, 700),  // the default 28 s sweep: 14 s of writes
+            (60, 8, f64::NAN, 60),
+        ];
+        for (every, dur, frac, want) in cases {
+            let got = sweep_period(every * S, dur * S, frac);
+            assert_eq!(got, want * S, "sweep_period({every}, {dur}, {frac})");
         }
     }
 

@@ -8,6 +8,8 @@
 //! and 1,999 at QD 16, latency 0.5 → 8 ms). Both are in
 //! docs/storage-facts.md.
 //! That flat-IOPS, rising-latency shape is the plateau this module detects.
+//! A sweep of fixed-size IOs finds a bandwidth cap the same way: its IOPS
+//! plateau times the IO size is the bytes-per-second plateau.
 
 use serde::Serialize;
 
@@ -35,15 +37,35 @@ impl DepthPoint {
 }
 
 /// IOPS growth below this factor from one depth to the next (×4) counts as
-/// flat.
+/// flat; so does a fall by less than the same factor. A cap holds its rate
+/// at any deeper queue, so IOPS that fall by more are contention (CPU, a
+/// device's garbage collection), not a cap.
 pub const FLAT_GROWTH: f64 = 1.2;
 /// Latency must grow by at least this fraction of the depth ratio for the
 /// flat part to be a queue building up in front of a limit.
 pub const LATENCY_SHARE: f64 = 0.6;
+/// Flat steps a plateau needs, all the way to the deepest depth. A cap
+/// binds at every depth beyond the one that first reaches it, so it stays
+/// flat over two ×4 steps (a 16× range of depths); a device running out of
+/// parallelism (or a loop device out of CPU) typically flattens for one
+/// step only, at the deepest depth, and one step can be noise.
+pub const MIN_FLAT_STEPS: usize = 2;
+
+/// Whether going from depth point `a` to the deeper `b` adds neither IOPS
+/// nor loses them, while latency grows with the queue.
+fn flat_step(a: &DepthPoint, b: &DepthPoint) -> bool {
+    let depth_ratio = f64::from(b.depth) / f64::from(a.depth);
+    let iops_growth = b.iops / a.iops;
+    let latency_growth = b.mean / a.mean;
+    iops_growth < FLAT_GROWTH
+        && iops_growth > 1.0 / FLAT_GROWTH
+        && latency_growth >= LATENCY_SHARE * depth_ratio
+}
 
 /// The IOPS level of a plateau, if the sweep shows one: the highest IOPS
 /// from the first depth where deeper queues stop adding IOPS while latency
-/// grows in proportion.
+/// grows in proportion, provided that holds for at least
+/// [`MIN_FLAT_STEPS`] steps and up to the deepest depth.
 pub fn detect(points: &[DepthPoint]) -> Option<f64> {
     let mut sorted: Vec<DepthPoint> = points
         .iter()
@@ -51,16 +73,18 @@ pub fn detect(points: &[DepthPoint]) -> Option<f64> {
         .filter(|p| p.iops > 0.0 && p.mean > 0.0)
         .collect();
     sorted.sort_by_key(|p| p.depth);
-    for (i, w) in sorted.windows(2).enumerate() {
-        let (a, b) = (w[0], w[1]);
-        let depth_ratio = f64::from(b.depth) / f64::from(a.depth);
-        let iops_growth = b.iops / a.iops;
-        let latency_growth = b.mean / a.mean;
-        if iops_growth < FLAT_GROWTH && latency_growth >= LATENCY_SHARE * depth_ratio {
-            return sorted[i..].iter().map(|p| p.iops).reduce(f64::max);
-        }
+    let flat_steps = sorted
+        .windows(2)
+        .rev()
+        .take_while(|w| flat_step(&w[0], &w[1]))
+        .count();
+    if flat_steps < MIN_FLAT_STEPS {
+        return None;
     }
-    None
+    sorted[sorted.len() - 1 - flat_steps..]
+        .iter()
+        .map(|p| p.iops)
+        .reduce(f64::max)
 }
 
 #[cfg(test)]
@@ -100,14 +124,52 @@ mod tests {
                 Some(2000.0),
             ),
             (
-                "device saturating late: plateau from 16",
+                "device saturating late, flat for one step only: not claimed",
                 vec![
                     p(1, 10_000.0, 100.0),
                     p(4, 38_000.0, 105.0),
                     p(16, 100_000.0, 160.0),
                     p(64, 104_000.0, 615.0),
                 ],
-                Some(104_000.0),
+                None,
+            ),
+            (
+                "cap reached at depth 4 (a cloud volume's 3,000 IOPS at 0.6 ms): plateau from 4",
+                vec![
+                    p(1, 1600.0, 600.0),
+                    p(4, 2990.0, 1300.0),
+                    p(16, 3010.0, 5300.0),
+                    p(64, 3000.0, 21000.0),
+                ],
+                Some(3010.0),
+            ),
+            (
+                "loop device out of CPU on this build machine: throughput collapses at depth 16",
+                vec![
+                    p(1, 11_999.0, 82.0),
+                    p(4, 13_064.0, 305.0),
+                    p(16, 6144.0, 2597.0),
+                ],
+                None,
+            ),
+            (
+                "flat early, growing again at the deepest depth: not a cap",
+                vec![
+                    p(1, 2000.0, 500.0),
+                    p(4, 2100.0, 1900.0),
+                    p(16, 2150.0, 7400.0),
+                    p(64, 9000.0, 7100.0),
+                ],
+                None,
+            ),
+            (
+                "three depths, flat from the first (a bandwidth cap)",
+                vec![
+                    p(1, 40.0, 25_000.0),
+                    p(4, 40.5, 99_000.0),
+                    p(16, 40.1, 399_000.0),
+                ],
+                Some(40.5),
             ),
             (
                 "noisy but flat IOPS with flat latency is not a cap (queue not filling)",

@@ -31,6 +31,9 @@ use crate::units::fmt_bytes;
 
 pub const WAL_FILE: &str = "wal.probe";
 pub const READ_FILE: &str = "read.probe";
+/// The queue-depth sweep's write target: created for a sweep with writes,
+/// removed when it ends.
+pub const SWEEP_FILE: &str = "sweep.probe";
 pub const LOCK_FILE: &str = "lock";
 
 /// Why a volume's probe files could not be set up. The daemon retries with
@@ -311,7 +314,7 @@ impl ProbeDir {
     /// refused, and left in place, before anything is removed; unlinking
     /// never follows a link, so its target is not touched either way.
     pub fn clear(&self) -> Result<Vec<&'static str>, SetupError> {
-        for name in [WAL_FILE, READ_FILE] {
+        for name in [WAL_FILE, READ_FILE, SWEEP_FILE] {
             match lstatat(&self.dir, name) {
                 Ok(st) if is_symlink(&st) => {
                     return Err(SetupError::Symlink {
@@ -331,7 +334,7 @@ impl ProbeDir {
             }
         }
         let mut removed = Vec::new();
-        for name in [WAL_FILE, READ_FILE] {
+        for name in [WAL_FILE, READ_FILE, SWEEP_FILE] {
             match unlinkat(&self.dir, name) {
                 Ok(()) => removed.push(name),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -535,13 +538,50 @@ impl ProbeDir {
         }
     }
 
+    /// Creates the sweep file filled with random bytes (as the read probe
+    /// file, so that compression cannot skip the writes) and opens it
+    /// read-write `O_DIRECT`. Written in full and synced first, like the WAL
+    /// probe file: the sweep's writes must be overwrites of allocated
+    /// blocks, or each would also cost the filesystem a metadata update.
+    pub fn create_sweep_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
+        // Left by a sweep that could not remove it (the clean-up of an
+        // interrupted one happens at the next start; this covers a failed
+        // unlink in between).
+        self.remove_sweep_file();
+        let created = self.create(SWEEP_FILE, size, reserve, Fill::Random)?;
+        match self.reopen(SWEEP_FILE, &created, OFlags::RDWR | OFlags::DIRECT) {
+            Ok(Ok(f)) => Ok(f),
+            Ok(Err(e)) => Err(e),
+            Err(e) => {
+                let _ = unlinkat(&self.dir, SWEEP_FILE);
+                if e.raw_os_error() == Some(libc::EINVAL) {
+                    return Err(SetupError::DirectIoUnsupported {
+                        path: self.path.join(SWEEP_FILE),
+                        errno: libc::EINVAL,
+                    });
+                }
+                Err(SetupError::Io {
+                    what: "opening O_DIRECT",
+                    path: self.path.join(SWEEP_FILE),
+                    source: e,
+                })
+            }
+        }
+    }
+
+    /// Removes the sweep file (if there is one; never a symlink's target:
+    /// unlinking does not follow links).
+    pub fn remove_sweep_file(&self) {
+        let _ = unlinkat(&self.dir, SWEEP_FILE);
+    }
+
     /// Removes the probe files, the lock file and (if empty) the directory.
     /// Safe to call while a probe thread still holds a file open: the blocks
     /// are freed when the last descriptor closes, at exit at the latest.
     pub fn remove_all(&self) -> Vec<String> {
         self.closed.store(true, Ordering::SeqCst);
         let mut problems = Vec::new();
-        for name in [WAL_FILE, READ_FILE, LOCK_FILE] {
+        for name in [WAL_FILE, READ_FILE, SWEEP_FILE, LOCK_FILE] {
             match unlinkat(&self.dir, name) {
                 Ok(()) => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
@@ -630,6 +670,22 @@ mod tests {
         let meta = std::fs::metadata(p.join(WAL_FILE)).unwrap();
         assert_eq!(meta.len(), 1 << 20);
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // The sweep file: written in full, private, removed with the rest
+        // (tmpfs has no O_DIRECT; then it is refused and not left behind).
+        match pd.create_sweep_file(1 << 20, 0) {
+            Ok(_f) => {
+                let meta = std::fs::metadata(p.join(SWEEP_FILE)).unwrap();
+                assert_eq!(meta.len(), 1 << 20);
+                assert!(meta.blocks() * 512 >= 1 << 20, "allocated, not sparse");
+                assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+                // A second sweep replaces the first one's file.
+                let _g = pd.create_sweep_file(1 << 20, 0).unwrap();
+            }
+            Err(SetupError::DirectIoUnsupported { .. }) => {
+                assert!(!p.join(SWEEP_FILE).exists());
+            }
+            Err(e) => panic!("{e}"),
+        }
         assert!(pd.remove_all().is_empty());
         assert!(!p.exists());
     }

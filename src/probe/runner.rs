@@ -18,6 +18,7 @@ use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
 use crate::probe::state::VolumeState;
+use crate::probe::sweep::{SWEEP_FILE_SIZE, Target};
 use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, Phase};
 
@@ -153,6 +154,20 @@ impl Runner {
         } else {
             Some(Instant::now())
         };
+        // The write half of a sweep takes a write cap in full while it runs;
+        // over time it may take no more of it than the probes may.
+        let sweep_every = crate::model::pacing::sweep_period(
+            self.cfg.probe.sweep_every,
+            self.cfg.probe.sweep_duration,
+            crate::probe::sweep::write_fraction(&crate::probe::sweep::WORKLOADS),
+        );
+        if next_sweep.is_some() && sweep_every > self.cfg.probe.sweep_every {
+            tracing::info!(
+                volume = %self.cfg.name,
+                sweep_every = ?sweep_every,
+                "queue-depth sweep: sweep_every stretched so that the sweep's writes stay within 2 % of a write cap's time"
+            );
+        }
         let mut wal_block = 0u64;
         let mut next = Instant::now();
         // The first burst a few rounds in, once the lone probes have
@@ -196,8 +211,8 @@ impl Runner {
             if let (Some(at), Some(read)) = (next_sweep, &p.read)
                 && Instant::now() >= at
             {
-                self.sweep(read);
-                next_sweep = Some(Instant::now() + self.cfg.probe.sweep_every);
+                self.sweep(&p.dir, read);
+                next_sweep = Some(Instant::now() + sweep_every);
                 next = Instant::now();
             }
             if !dir_gone && Instant::now() >= next_check {
@@ -507,22 +522,50 @@ impl Runner {
         }
     }
 
-    fn sweep(&mut self, read: &File) {
+    fn sweep(&mut self, dir: &ProbeDir, read: &File) {
         let stop = self.stop.clone();
         let t0 = Instant::now();
-        match crate::probe::sweep::run(
-            raw(read),
-            self.cfg.probe.read_file_size,
+        // The sweep file exists only while a sweep runs: 32 MiB held for a
+        // few seconds an hour, not for the life of the volume. Without it
+        // (no room above the reserve, no O_DIRECT) the read caps are still
+        // worth finding.
+        let sweep_file = match dir
+            .create_sweep_file(SWEEP_FILE_SIZE, self.cfg.probe.free_space_reserve)
+        {
+            Ok(f) => Some(f),
+            Err(e) => {
+                self.state.counts.error("sweep", "sweep_failed");
+                tracing::warn!(volume = %self.cfg.name, error = %e, "queue-depth sweep: no sweep file, sweeping reads only");
+                None
+            }
+        };
+        let result = crate::probe::sweep::run(
+            Target {
+                fd: raw(read),
+                size: self.cfg.probe.read_file_size,
+            },
+            sweep_file.as_ref().map(|f| Target {
+                fd: raw(f),
+                size: SWEEP_FILE_SIZE,
+            }),
             self.cfg.probe.sweep_duration,
             &|| stop.is_stopped(),
-        ) {
-            Ok(points) => {
-                let detected = crate::model::plateau::detect(&points);
+        );
+        drop(sweep_file);
+        dir.remove_sweep_file();
+        match result {
+            Ok(tables) => {
                 tracing::info!(
                     volume = %self.cfg.name,
                     took = ?t0.elapsed(),
-                    iops = ?points.iter().map(|p| (p.depth, p.iops.round())).collect::<Vec<_>>(),
-                    detected_read_iops = ?detected.map(f64::round),
+                    rates = ?tables
+                        .iter()
+                        .map(|t| (t.resource.as_str(), t.points.iter().map(|p| (p.depth, t.workload().rate(p).round())).collect::<Vec<_>>()))
+                        .collect::<Vec<_>>(),
+                    detected = ?tables
+                        .iter()
+                        .filter_map(|t| t.detected.map(|d| (t.resource.as_str(), d.round())))
+                        .collect::<Vec<_>>(),
                     "queue-depth sweep"
                 );
                 let finished_unix = std::time::SystemTime::now()
@@ -530,8 +573,7 @@ impl Runner {
                     .map(|d| d.as_secs_f64())
                     .unwrap_or(0.0);
                 self.state.set_sweep(crate::probe::state::SweepResult {
-                    points,
-                    detected,
+                    tables,
                     finished_unix,
                 });
             }

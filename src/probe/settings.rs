@@ -76,7 +76,10 @@ impl Default for ProbeSettings {
             cache_served_threshold: Duration::from_micros(5),
             sweep_every: Duration::ZERO,
             // 2 s per depth: long enough for a steady figure at depth 64.
-            sweep_duration: Duration::from_secs(8),
+            // 2 s per depth of the 14 (four workloads): a v1 blkio
+            // throttle releases IO in 100 ms slices, and half-second depths
+            // measured a 10 MiB/s cap 15 % off.
+            sweep_duration: Duration::from_secs(28),
             // With a burst of BURST_COMMITS commits this adds 0.6 commits per
             // second to the lone probe's one. On the build machine's ext4 a
             // commit probe cost 2.27 device writes (two of its own and a

@@ -65,9 +65,9 @@ pub struct VolumeState {
 /// The latest queue-depth sweep of a volume.
 #[derive(Debug, Clone)]
 pub struct SweepResult {
-    pub points: Vec<crate::model::plateau::DepthPoint>,
-    /// Plateau IOPS, if the sweep showed one.
-    pub detected: Option<f64>,
+    /// One table per workload that ran (reads only when the sweep file
+    /// could not be created), each with its plateau, if it showed one.
+    pub tables: Vec<crate::probe::sweep::Table>,
     /// Unix time the sweep finished.
     pub finished_unix: f64,
 }

@@ -256,7 +256,7 @@ fn vol(name: &str, majmin: Option<&str>) -> VolumeInput {
         busy_every: Duration::ZERO,
         burst_commits: 0,
         commit_probes: 0,
-        detected_read_iops: None,
+        detected: Vec::new(),
     }
 }
 

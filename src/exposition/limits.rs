@@ -18,8 +18,8 @@ pub fn encode(enc: Enc<'_, '_>, s: &LimitsSnapshot) -> std::fmt::Result {
         "pgstorage_io_limit",
         "An IO cap on the volume's whole disk: source=cgroup (the tightest cgroup v1/v2 limit along the \
          cgroup path of the PostgreSQL postmaster using the volume, else of the exporter), \
-         source=provisioned (from the config), source=detected (a read-IOPS plateau found by the \
-         queue-depth sweep); resource = read_iops, write_iops, read_bytes_per_second, \
+         source=provisioned (from the config), source=detected (a read or write IOPS or bandwidth plateau \
+         found by the queue-depth sweep); resource = read_iops, write_iops, read_bytes_per_second, \
          write_bytes_per_second, and for provisioned combined caps iops, bytes_per_second",
         s.rows.iter().map(|r| (row(r), r.value)),
     )?;

@@ -565,6 +565,18 @@ enum Step {
 
 use Step::{Host, Sql};
 
+/// The steps for the test's log.
+fn describe(steps: &[Step]) -> String {
+    let one = |s: &Step| match s {
+        Sql(s) => s.to_string(),
+        Host(f) => format!(
+            "fixture rotational = {}, HugePages_Total = {}",
+            f.rotational, f.hugepages_total
+        ),
+    };
+    steps.iter().map(one).collect::<Vec<_>>().join("; ")
+}
+
 /// One setting (or host fact) the audit judges: the steps that make the
 /// finding appear, the ones that make it go, and its series.
 struct PgCase {
@@ -805,7 +817,11 @@ fn settings_appear_and_go(kind: PgKind) {
             .wait_for(&format!("{} gone", c.code), Duration::from_secs(15), |m| {
                 sample(m, &series).is_none()
             });
-        eprintln!("{series}: absent, present, absent");
+        eprintln!(
+            "{series}: present after {}; absent after {}",
+            describe(c.set),
+            describe(c.reset)
+        );
     }
 }
 

@@ -149,14 +149,14 @@ const GOOD: Fixture = Fixture {
     ..HAND_TUNED
 };
 
-/// The host of the PostgreSQL tests: tuned, its disk non-rotational, no
-/// huge pages reserved (as on this machine, where PostgreSQL's default
-/// `huge_pages = try` falls back to small pages).
+/// The host of the PostgreSQL tests as the fixture roots show it: tuned,
+/// its disk non-rotational, no huge pages reserved, so that the servers'
+/// default `huge_pages = try` would run on small pages.
 const SSD: Fixture = GOOD;
 
-/// Huge pages in the fixture's reserve: more than the 32 MB of shared
-/// buffers the test servers have take (the test reads the need and says
-/// so when it is not).
+/// Huge pages the fixture reserves: the test servers, with 32 MB of
+/// shared buffers, need about 20 of 2 MiB (the test reads their
+/// `shared_memory_size_in_huge_pages` and fails when it is more).
 const RESERVED_HUGE_PAGES: u32 = 1024;
 
 /// [`SSD`] with huge pages reserved.

@@ -4,7 +4,8 @@
 //! under which none does, scraped (`every_check_has_a_daemon_test` keeps
 //! the list complete); `audit.ignore` per volume and per cluster;
 //! re-evaluation on SIGHUP; tmpfs and `nobarrier` volumes on the real
-//! roots; and real PostgreSQL 15 and 18 with settings set and reset.
+//! roots; and real PostgreSQL 15 and 18 with settings set and reset, on a
+//! host whose disk and huge pages the fixture roots describe.
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -51,6 +52,8 @@ const VOLUMES: [(&str, bool); 3] = [("v", false), ("w", true), ("m", true)];
 struct Fixture {
     /// /proc/sys/vm values (64 GiB of RAM in /proc/meminfo).
     vm: [(&'static str, u32); 7],
+    /// HugePages_Total in /proc/meminfo.
+    hugepages_total: u32,
     thp: &'static str,
     /// `host_root`/etc/sysctl.d/90-postgresql.conf.
     boot_conf: &'static str,
@@ -94,6 +97,7 @@ const BAD: Fixture = Fixture {
         ("dirty_background_ratio", 10),
         ("dirty_background_bytes", 0),
     ],
+    hugepages_total: 0,
     thp: "[always] madvise never",
     boot_conf: "",
     scheduler: "mq-deadline kyber [bfq] none",
@@ -127,6 +131,7 @@ const BAD: Fixture = Fixture {
 /// Tuned by hand, and the boot configuration says nothing.
 const HAND_TUNED: Fixture = Fixture {
     vm: GOOD_VM,
+    hugepages_total: 0,
     thp: "always [madvise] never",
     boot_conf: "# nothing for vm.*\nkernel.panic = 10\n",
     scheduler: "[none] mq-deadline",
@@ -142,6 +147,28 @@ const GOOD: Fixture = Fixture {
     boot_conf: GOOD_BOOT,
     expect: &[],
     ..HAND_TUNED
+};
+
+/// The host of the PostgreSQL tests as the fixture roots show it: tuned,
+/// its disk non-rotational, no huge pages reserved, so that the servers'
+/// default `huge_pages = try` would run on small pages.
+const SSD: Fixture = GOOD;
+
+/// Huge pages the fixture reserves: the test servers, with 32 MB of
+/// shared buffers, need about 20 of 2 MiB (the test reads their
+/// `shared_memory_size_in_huge_pages` and fails when it is more).
+const RESERVED_HUGE_PAGES: u32 = 1024;
+
+/// [`SSD`] with huge pages reserved.
+const SSD_HUGE_PAGES: Fixture = Fixture {
+    hugepages_total: RESERVED_HUGE_PAGES,
+    ..GOOD
+};
+
+/// [`SSD`] on a spinning disk.
+const SPINNING: Fixture = Fixture {
+    rotational: 1,
+    ..GOOD
 };
 
 /// The triggering fixtures: together they must show every host and
@@ -188,18 +215,27 @@ fn dirs() -> Dirs {
     }
 }
 
+/// Writes `text` to `path` whole: a running daemon's audit pass never
+/// reads a file half rewritten (which would make a finding vanish for a
+/// pass and a wait for "gone" pass early).
 fn put(path: &Path, text: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, text).unwrap();
+    let dir = path.parent().unwrap();
+    std::fs::create_dir_all(dir).unwrap();
+    let tmp = dir.join(format!(
+        ".{}.new",
+        path.file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
 }
 
-/// Writes proc/, sys/ and host/ under `d.root`. Every volume's filesystem
-/// is mounted at the volume's directory; all but tmpfs have the disk
-/// under the temp directory as their source, as btrfs or a bind mount
-/// would (the exporter then finds that disk through `sys_root`).
-fn write_fixture(d: &Dirs, f: &Fixture) {
-    let root = &d.root;
-    let (disk_mm, disk_dir) = fs_and_disk_dir(&d.vols[0]);
+/// Writes proc/, sys/ and host/ under `root`. Each directory of `mounted`
+/// is the mount point of a filesystem of `f.mounts`, in order; all but
+/// tmpfs have the disk under the first one as their source, as btrfs or a
+/// bind mount would (the exporter then finds that disk through
+/// `sys_root`).
+fn write_fixture(root: &Path, mounted: &[std::path::PathBuf], f: &Fixture) {
+    let (disk_mm, disk_dir) = fs_and_disk_dir(&mounted[0]);
     let disk = disk_dir.file_name().unwrap().to_string_lossy().into_owned();
     let node = Path::new("/dev").join(&disk);
     assert!(
@@ -214,11 +250,14 @@ fn write_fixture(d: &Dirs, f: &Fixture) {
     }
     put(
         &root.join("proc/meminfo"),
-        "MemTotal:       67108864 kB\nHugePages_Total:       0\n",
+        &format!(
+            "MemTotal:       67108864 kB\nHugePages_Total: {:>7}\n",
+            f.hugepages_total
+        ),
     );
     put(&root.join("proc/cmdline"), "BOOT_IMAGE=/vmlinuz ro quiet\n");
     let mut mountinfo = String::new();
-    for (i, (vol, m)) in d.vols.iter().zip(&f.mounts).enumerate() {
+    for (i, (vol, m)) in mounted.iter().zip(&f.mounts).enumerate() {
         let mm = majmin_of(vol);
         let source = if m.fstype == "tmpfs" {
             "tmpfs".to_string()
@@ -265,13 +304,19 @@ fn write_fixture(d: &Dirs, f: &Fixture) {
     );
 }
 
+/// The configuration keys that point the exporter at the fixture under
+/// `root`.
+fn roots_config(root: &Path) -> String {
+    format!(
+        "proc_root = \"{}\"\nsys_root = \"{}\"\nhost_root = \"{}\"\n",
+        root.join("proc").display(),
+        root.join("sys").display(),
+        root.join("host").display(),
+    )
+}
+
 fn fixture_config(d: &Dirs) -> String {
-    let mut c = format!(
-        "audit_interval = \"1h\"\nproc_root = \"{}\"\nsys_root = \"{}\"\nhost_root = \"{}\"\n",
-        d.root.join("proc").display(),
-        d.root.join("sys").display(),
-        d.root.join("host").display(),
-    );
+    let mut c = format!("audit_interval = \"1h\"\n{}", roots_config(&d.root));
     for ((name, _), dir) in VOLUMES.iter().zip(&d.vols) {
         c += &format!(
             "[[volume]]\nname = \"{name}\"\npath = \"{}\"\n{PROBE_KEYS}",
@@ -324,7 +369,7 @@ fn wait_for_codes(ex: &Exporter, f: &Fixture, what: &str) -> String {
 #[test]
 fn fixture_roots_trigger_every_host_and_volume_check_and_sighup_reevaluates() {
     let d = dirs();
-    write_fixture(&d, &BAD);
+    write_fixture(&d.root, &d.vols, &BAD);
     let cfg = d.root.with_file_name("c.toml");
     std::fs::write(&cfg, fixture_config(&d)).unwrap();
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
@@ -354,7 +399,7 @@ fn fixture_roots_trigger_every_host_and_volume_check_and_sighup_reevaluates() {
 
     // Fixed by hand: a reload re-runs the audit at once, although
     // audit_interval is an hour, and only the reboot finding is left.
-    write_fixture(&d, &HAND_TUNED);
+    write_fixture(&d.root, &d.vols, &HAND_TUNED);
     ex.signal(libc::SIGHUP);
     let m = wait_for_codes(&ex, &HAND_TUNED, "after SIGHUP, tuned by hand");
     assert_eq!(
@@ -368,7 +413,7 @@ fn fixture_roots_trigger_every_host_and_volume_check_and_sighup_reevaluates() {
     promtool_check_metrics(&m);
 
     // And written down for the next boot.
-    write_fixture(&d, &GOOD);
+    write_fixture(&d.root, &d.vols, &GOOD);
     ex.signal(libc::SIGHUP);
     let m = wait_for_codes(&ex, &GOOD, "after SIGHUP, persistent");
     assert!(
@@ -380,7 +425,7 @@ fn fixture_roots_trigger_every_host_and_volume_check_and_sighup_reevaluates() {
 #[test]
 fn a_quiet_fixture_has_no_finding_but_counts_its_checks() {
     let d = dirs();
-    write_fixture(&d, &GOOD);
+    write_fixture(&d.root, &d.vols, &GOOD);
     let cfg = d.root.with_file_name("c.toml");
     std::fs::write(&cfg, fixture_config(&d)).unwrap();
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
@@ -509,41 +554,64 @@ const MON_PASSWORD: &str = "Mon-Pa55word-4-tests";
 const PG_VOLUME: &str =
     "interval = \"100ms\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"";
 
-/// One setting the audit judges: the statements that make the finding
-/// appear, the ones that make it go, and its series.
+/// One change on the server, or on the host as the fixture roots show it.
+enum Step {
+    /// A statement run as the server's superuser.
+    Sql(&'static str),
+    /// The fixture roots rewritten to show this host; the next audit pass
+    /// reads them.
+    Host(&'static Fixture),
+}
+
+use Step::{Host, Sql};
+
+/// The steps for the test's log.
+fn describe(steps: &[Step]) -> String {
+    let one = |s: &Step| match s {
+        Sql(s) => s.to_string(),
+        Host(f) => format!(
+            "fixture rotational = {}, HugePages_Total = {}",
+            f.rotational, f.hugepages_total
+        ),
+    };
+    steps.iter().map(one).collect::<Vec<_>>().join("; ")
+}
+
+/// One setting (or host fact) the audit judges: the steps that make the
+/// finding appear, the ones that make it go, and its series.
 struct PgCase {
     code: &'static str,
     severity: &'static str,
-    set: &'static [&'static str],
-    reset: &'static [&'static str],
+    set: &'static [Step],
+    reset: &'static [Step],
 }
 
 const PG_CASES: &[PgCase] = &[
     PgCase {
         code: "fsync_off",
         severity: "critical",
-        set: &["ALTER SYSTEM SET fsync = off"],
-        reset: &["ALTER SYSTEM RESET fsync"],
+        set: &[Sql("ALTER SYSTEM SET fsync = off")],
+        reset: &[Sql("ALTER SYSTEM RESET fsync")],
     },
     PgCase {
         code: "full_page_writes_off",
         severity: "critical",
-        set: &["ALTER SYSTEM SET full_page_writes = off"],
-        reset: &["ALTER SYSTEM RESET full_page_writes"],
+        set: &[Sql("ALTER SYSTEM SET full_page_writes = off")],
+        reset: &[Sql("ALTER SYSTEM RESET full_page_writes")],
     },
     PgCase {
         code: "synchronous_commit_off",
         severity: "warning",
-        set: &["ALTER SYSTEM SET synchronous_commit = off"],
-        reset: &["ALTER SYSTEM RESET synchronous_commit"],
+        set: &[Sql("ALTER SYSTEM SET synchronous_commit = off")],
+        reset: &[Sql("ALTER SYSTEM RESET synchronous_commit")],
     },
     PgCase {
         // Off by default: the finding is there from the start, and goes
         // once compression is on.
         code: "wal_compression_off",
         severity: "warning",
-        set: &["ALTER SYSTEM SET wal_compression = off"],
-        reset: &["ALTER SYSTEM SET wal_compression = pglz"],
+        set: &[Sql("ALTER SYSTEM SET wal_compression = off")],
+        reset: &[Sql("ALTER SYSTEM SET wal_compression = pglz")],
     },
     PgCase {
         // CHECKPOINT counts as a requested checkpoint; with a tiny
@@ -552,43 +620,70 @@ const PG_CASES: &[PgCase] = &[
         code: "checkpoints_requested",
         severity: "warning",
         set: &[
-            "ALTER SYSTEM SET max_wal_size = '32MB'",
-            "SELECT pg_reload_conf()",
-            "CHECKPOINT",
-            "CHECKPOINT",
-            "CHECKPOINT",
+            Sql("ALTER SYSTEM SET max_wal_size = '32MB'"),
+            Sql("SELECT pg_reload_conf()"),
+            Sql("CHECKPOINT"),
+            Sql("CHECKPOINT"),
+            Sql("CHECKPOINT"),
         ],
-        reset: &["ALTER SYSTEM SET max_wal_size = '8GB'"],
+        reset: &[Sql("ALTER SYSTEM SET max_wal_size = '8GB'")],
     },
     PgCase {
         code: "pending_restart",
         severity: "info",
-        set: &["ALTER SYSTEM SET shared_buffers = '200MB'"],
-        reset: &["ALTER SYSTEM RESET shared_buffers"],
+        set: &[Sql("ALTER SYSTEM SET shared_buffers = '200MB'")],
+        reset: &[Sql("ALTER SYSTEM RESET shared_buffers")],
+    },
+    PgCase {
+        // The default of 4 prices a random read like a seek of a spinning
+        // disk: a finding on an SSD, gone once lowered...
+        code: "random_page_cost_default",
+        severity: "info",
+        set: &[Host(&SSD), Sql("ALTER SYSTEM RESET random_page_cost")],
+        reset: &[Sql("ALTER SYSTEM SET random_page_cost = 1.1")],
+    },
+    PgCase {
+        // ... and right where the data directory's disk does seek.
+        code: "random_page_cost_default",
+        severity: "info",
+        set: &[Host(&SSD), Sql("ALTER SYSTEM RESET random_page_cost")],
+        reset: &[Host(&SPINNING)],
+    },
+    PgCase {
+        // 16 by default from PostgreSQL 18 on, 1 before: 15 starts with
+        // the finding on an SSD.
+        code: "effective_io_concurrency_low",
+        severity: "info",
+        set: &[
+            Host(&SSD),
+            Sql("ALTER SYSTEM SET effective_io_concurrency = 1"),
+        ],
+        reset: &[Sql("ALTER SYSTEM SET effective_io_concurrency = 200")],
+    },
+    PgCase {
+        // One page at a time is what a single spindle can serve.
+        code: "effective_io_concurrency_low",
+        severity: "info",
+        set: &[
+            Host(&SSD),
+            Sql("ALTER SYSTEM SET effective_io_concurrency = 1"),
+        ],
+        reset: &[Host(&SPINNING)],
+    },
+    PgCase {
+        // huge_pages = try (the default) needs a restart to change; the
+        // host's reserve is what the fixture's /proc/meminfo says, which
+        // the test checks against the server's own
+        // shared_memory_size_in_huge_pages.
+        code: "huge_pages_shortfall",
+        severity: "warning",
+        set: &[Host(&SSD)],
+        reset: &[Host(&SSD_HUGE_PAGES)],
     },
 ];
 
-/// Cluster checks no daemon test here triggers, and why: the real
-/// PostgreSQL tests run on this machine's own disks and memory.
-const UNIT_ONLY: &[(&str, &str)] = &[
-    (
-        "huge_pages_shortfall",
-        "huge_pages changes only with a restart, and the shortfall depends on the \
-         host's reserved huge pages",
-    ),
-    (
-        "random_page_cost_default",
-        "needs the data directory on non-rotational storage",
-    ),
-    (
-        "effective_io_concurrency_low",
-        "needs the data directory on non-rotational storage",
-    ),
-];
-
 /// Every code of the audit's table is triggered through a scraped daemon
-/// somewhere in this file, or says why not: a new check without a
-/// daemon test fails here.
+/// somewhere in this file: a new check without a daemon test fails here.
 #[test]
 fn every_check_has_a_daemon_test() {
     let mut covered: Vec<&str> = TRIGGERING
@@ -608,10 +703,9 @@ fn every_check_has_a_daemon_test() {
     covered.extend(PG_CASES.iter().map(|c| c.code));
     covered.push("wal_shares_data_volume");
     for c in CHECKS.iter().filter(|c| c.scope == Scope::Cluster) {
-        let why = UNIT_ONLY.iter().find(|(code, _)| *code == c.code);
         assert!(
-            covered.contains(&c.code) != why.is_some(),
-            "{}: covered by a daemon test and listed in UNIT_ONLY, or neither",
+            covered.contains(&c.code),
+            "{}: no PostgreSQL test triggers it",
             c.code
         );
     }
@@ -620,12 +714,23 @@ fn every_check_has_a_daemon_test() {
 /// Each case: absent (or reset first), set + reload → present within a
 /// few audit intervals, reset + reload → gone. The exporter's role is
 /// read-only (pg_monitor); the statements run as the server's superuser.
+/// The exporter reads /proc and /sys from fixture roots: their one
+/// filesystem is the one under the temp directory, which holds the data
+/// directory and the probed volume, on the disk under it as the fixture
+/// describes it.
 fn settings_appear_and_go(kind: PgKind) {
+    let tmp = std::env::temp_dir();
+    let host = tempfile::tempdir().unwrap();
+    let mounted = [tmp.clone()];
+    write_fixture(host.path(), &mounted, &SSD);
     let Some(stack) = Stack::builder()
         .pg_version(kind)
         .password(MON_PASSWORD)
         .role("mon", true)
-        .config_head("window = \"1m\"\naudit_interval = \"1s\"\n")
+        .config_head(&format!(
+            "window = \"1m\"\naudit_interval = \"1s\"\n{}",
+            roots_config(host.path())
+        ))
         .volume(PG_VOLUME)
         .cluster("c", "mon", "scrape_interval = \"500ms\"")
         .ready_pg_up("c")
@@ -633,6 +738,31 @@ fn settings_appear_and_go(kind: PgKind) {
     else {
         return;
     };
+    for d in [stack.pg.data_dir(), stack.work.path()] {
+        assert_eq!(
+            majmin_of(d),
+            majmin_of(&tmp),
+            "{} is not on the filesystem of {}, which the fixture describes",
+            d.display(),
+            tmp.display()
+        );
+    }
+    let need: u32 = stack
+        .pg
+        .psql("SHOW shared_memory_size_in_huge_pages")
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=RESERVED_HUGE_PAGES).contains(&need),
+        "PostgreSQL {} needs {need} huge pages: the fixture reserves {RESERVED_HUGE_PAGES}",
+        kind.major()
+    );
+    eprintln!(
+        "PostgreSQL {}: huge_pages = {}, shared_memory_size_in_huge_pages = {need}",
+        kind.major(),
+        stack.pg.psql("SHOW huge_pages")
+    );
     let m = stack
         .ex
         .wait_for("the cluster audited", Duration::from_secs(30), |m| {
@@ -651,10 +781,15 @@ fn settings_appear_and_go(kind: PgKind) {
         ),
         "{m}"
     );
-    let run = |stmts: &[&str]| {
-        // ALTER SYSTEM cannot run in a transaction block: one each.
-        for s in stmts {
-            stack.pg.psql(s);
+    let run = |steps: &[Step]| {
+        for s in steps {
+            match s {
+                // ALTER SYSTEM cannot run in a transaction block: one each.
+                Sql(s) => {
+                    stack.pg.psql(s);
+                }
+                Host(f) => write_fixture(host.path(), &mounted, f),
+            }
         }
         stack.pg.psql("SELECT pg_reload_conf()");
     };
@@ -682,6 +817,11 @@ fn settings_appear_and_go(kind: PgKind) {
             .wait_for(&format!("{} gone", c.code), Duration::from_secs(15), |m| {
                 sample(m, &series).is_none()
             });
+        eprintln!(
+            "{series}: present after {}; absent after {}",
+            describe(c.set),
+            describe(c.reset)
+        );
     }
 }
 

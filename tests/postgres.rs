@@ -667,8 +667,14 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
         "pgstorage_commit_ceiling_per_second{volume=\"c18/wal\",basis=\"postgres\"}",
     )
     .unwrap();
+    // The basis is 1 / (write + sync time per sync): at most 1 / the sync
+    // mean, and a WAL write into the page cache costs far less than the
+    // sync (tens of µs against hundreds here), so not below half of it.
     let mean = value(&m, "pgstorage_pg_wal_sync_mean_seconds{cluster=\"c18\"}").unwrap();
-    assert!((ceiling * mean - 1.0).abs() < 1e-9, "{ceiling} {mean}");
+    assert!(
+        ceiling * mean <= 1.0 + 1e-9 && ceiling * mean > 0.5,
+        "ceiling {ceiling}/s, sync mean {mean} s"
+    );
     let ratio = value(
         &m,
         "pgstorage_pg_wal_sync_probe_ratio{cluster=\"c18\",volume=\"c18/wal\"}",

@@ -31,6 +31,13 @@ fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
     crate::model::ceiling::capped_ceiling(cap, wpp)
 }
 
+/// What one lone commit waits on its WAL by PostgreSQL's own counters, the
+/// `postgres` basis: write + sync time per sync, or the sync time alone
+/// where the server reports no write time.
+fn postgres_commit_seconds(c: &ClusterSnapshot) -> Option<f64> {
+    c.wal_commit_mean.or(c.wal_sync_mean)
+}
+
 /// The commit ceilings of a volume that the ceiling in force is the lowest
 /// of, as (basis, commits per second): probe_p50, then postgres (one per
 /// cluster whose WAL is on the volume), then cap; absent bases left out.
@@ -50,10 +57,7 @@ pub fn commit_bases(
     }
     for c in clusters {
         if c.wal_volume() == Some(v.name.as_str())
-            && let Some(ceiling) = c
-                .wal_commit_mean
-                .or(c.wal_sync_mean)
-                .and_then(commit_ceiling)
+            && let Some(ceiling) = postgres_commit_seconds(c).and_then(commit_ceiling)
         {
             bases.push(("postgres", ceiling));
         }
@@ -185,7 +189,7 @@ pub fn encode(
     // filesystem; the first cluster (in configuration order) speaks for it.
     let mut done: Vec<&str> = Vec::new();
     for c in clusters {
-        if let (Some(vol), Some(mean)) = (c.wal_volume(), c.wal_sync_mean)
+        if let (Some(vol), Some(mean)) = (c.wal_volume(), postgres_commit_seconds(c))
             && !done.contains(&vol)
             && let Some(ceiling) = commit_ceiling(mean)
         {

@@ -72,28 +72,15 @@ impl Renders {
             return Ok(r.body.clone());
         }
         let started = Instant::now();
-        // Encoding takes about a millisecond (8 volumes, 2 clusters). It
-        // runs on this thread, inside `block_in_place`, which first hands
-        // this worker's other tasks to another thread: accepting
-        // connections and the PostgreSQL collectors never wait for it,
-        // and the scrape does not wait for a blocking-pool thread to be
-        // woken and scheduled. That hand-over through `spawn_blocking`
-        // cost the median scrape 0.5 ms (1.9 against 2.4 ms,
-        // bench/encode_ab, side by side): on a VM, waking a halted vCPU
-        // for the other thread is slow. A current-thread runtime (unit
-        // tests) cannot hand over its worker, so it keeps spawn_blocking.
-        let body = match tokio::runtime::Handle::current().runtime_flavor() {
-            tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(|| metrics.encode(format)).map_err(|e| e.to_string())?
-            }
-            _ => {
-                let m = metrics.clone();
-                tokio::task::spawn_blocking(move || m.encode(format))
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .map_err(|e| e.to_string())?
-            }
-        };
+        let m = metrics.clone();
+        // Encoding takes a millisecond or more: off the async workers, so
+        // accepting connections and the PostgreSQL collectors never wait
+        // for it. (Encoding on the worker inside `block_in_place`, to save
+        // the hand-over, was tried: within noise in bench/encode_ab.)
+        let body = tokio::task::spawn_blocking(move || m.encode(format))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
         let body = Bytes::from(body);
         *slot = Some(Rendered {
             started,

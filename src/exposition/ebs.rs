@@ -80,6 +80,12 @@ pub fn encode(enc: Enc<'_, '_>, s: Option<&EbsSnapshot>) -> std::fmt::Result {
             },
         )],
     )?;
+    // Off AWS (or without the privilege) the gauge above is all: no empty
+    // families whose HELP and TYPE lines would fill every scrape of every
+    // other host with EBS vocabulary.
+    if s.volumes.is_empty() {
+        return Ok(());
+    }
     let vol = |v: &VolumeStats| [("volume", v.volume.clone())];
     gauge(
         enc,

@@ -373,6 +373,13 @@ fn found(evidence: String, message: impl Into<String>, fix: impl Into<String>) -
 
 const PASS: Found = Some(None);
 
+/// The fix for a kernel setting: a line in sysctl.d, which `sysctl --system`
+/// applies now and systemd-sysctl at every boot. `sysctl -w` alone would be
+/// undone by the next reboot (the `sysctl_not_persistent` check).
+fn persist(line: &str) -> String {
+    format!("{line} in /etc/sysctl.d/90-postgresql.conf, then sysctl --system")
+}
+
 fn sysctl(name: &str) -> String {
     format!("/proc/sys/vm/{name}")
 }
@@ -550,7 +557,7 @@ fn kernel_checks(h: &HostFacts) -> Outcome {
                      a checkpoint or fsync then has to flush all of it at once",
                     gib(allowed)
                 ),
-                format!("sysctl -w vm.{bytes_name}={}", limit as u64),
+                persist(&format!("vm.{bytes_name} = {}", limit as u64)),
             )
         } else {
             PASS
@@ -577,7 +584,7 @@ fn kernel_checks(h: &HostFacts) -> Outcome {
                     format!("{} = {v}", sysctl("swappiness")),
                     "The kernel swaps out memory (shared buffers included) instead of dropping \
                      page cache; a backend then waits on swap-in",
-                    "sysctl -w vm.swappiness=1",
+                    persist("vm.swappiness = 1"),
                 )
             } else {
                 PASS
@@ -592,7 +599,7 @@ fn kernel_checks(h: &HostFacts) -> Outcome {
                     format!("{} = {v}", sysctl("zone_reclaim_mode")),
                     "On NUMA hosts the kernel reclaims local page cache rather than use another \
                      node's memory: the cache PostgreSQL relies on shrinks",
-                    "sysctl -w vm.zone_reclaim_mode=0",
+                    persist("vm.zone_reclaim_mode = 0"),
                 )
             } else {
                 PASS
@@ -607,8 +614,10 @@ fn kernel_checks(h: &HostFacts) -> Outcome {
                     format!("{} = {v}", sysctl("overcommit_memory")),
                     "Memory is overcommitted: under pressure the OOM killer may kill a backend \
                      and PostgreSQL restarts every session in crash recovery",
-                    "sysctl -w vm.overcommit_memory=2 (and check CommitLimit in /proc/meminfo \
-                     with vm.overcommit_ratio)",
+                    format!(
+                        "{} (and check CommitLimit in /proc/meminfo with vm.overcommit_ratio)",
+                        persist("vm.overcommit_memory = 2")
+                    ),
                 )
             } else {
                 PASS
@@ -911,7 +920,10 @@ pub fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
                     ),
                     "huge_pages=try and too few huge pages are reserved: PostgreSQL silently \
                      runs on small pages with larger page tables and TLB misses",
-                    format!("sysctl -w vm.nr_hugepages={need} (then restart PostgreSQL)"),
+                    format!(
+                        "{} (then restart PostgreSQL)",
+                        persist(&format!("vm.nr_hugepages = {need}"))
+                    ),
                 )
             } else {
                 PASS

@@ -1,7 +1,8 @@
 //! The queue-depth sweep finds write-IOPS and bandwidth caps nobody told the
 //! exporter about: the exporter runs in a cgroup v1 blkio group with
-//! `write_iops_device` 300, `read_bps_device` 20 MiB/s and
-//! `write_bps_device` 10 MiB/s on an ext4 loop device, with cgroup reading
+//! `read_iops_device` 2,000, `write_iops_device` 300, `read_bps_device`
+//! 20 MiB/s and `write_bps_device` 10 MiB/s on an ext4 loop device, with
+//! cgroup reading
 //! turned off (`cgroup_root` an empty directory), and must report each cap
 //! within 20 % as `source="detected"`; on the same device without the
 //! throttles it must claim no plateau at all. Needs root, loop devices and
@@ -106,6 +107,7 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
     let group = fx.group(
         "pgse-sweep-caps",
         &[
+            ("read_iops_device", 2000),
             ("write_iops_device", 300),
             ("read_bps_device", 20 * MIB),
             ("write_bps_device", 10 * MIB),
@@ -117,8 +119,10 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
         ("write_iops", 300.0),
         ("read_bytes_per_second", (20 * MIB) as f64),
         ("write_bytes_per_second", (10 * MIB) as f64),
-        // No read-IOPS throttle, but 20 MiB/s is 2,560 reads of 8 KiB.
-        ("read_iops", (20 * MIB / 8192) as f64),
+        // 20 MiB/s would allow 2,560 reads of 8 KiB; the IOPS throttle
+        // is the tighter one. (256 KiB reads at 2,000/s would be 500
+        // MiB/s: the bandwidth cap binds there.)
+        ("read_iops", 2000.0),
     ] {
         let got = detected(&m, resource).unwrap_or_else(|| panic!("no {resource} plateau:\n{m}"));
         eprintln!("{resource}: cap {cap:.0}, detected {got:.0}");
@@ -142,7 +146,12 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
 
     // Same device, no throttle: nothing claimed. 1 s per depth is enough
     // for a device that is not rationing its IO.
-    for f in ["write_iops_device", "read_bps_device", "write_bps_device"] {
+    for f in [
+        "read_iops_device",
+        "write_iops_device",
+        "read_bps_device",
+        "write_bps_device",
+    ] {
         fx.throttle(&group, f, 0);
     }
     let m = swept(&fx.mnt, None, "14s");

@@ -24,7 +24,7 @@ def fio(args, secs):
     j=json.loads(out)["jobs"][0]; return j
 def p50(lat): return lat["percentile"]["50.000000"]/1e3
 def daemon(secs):
-    p=subprocess.Popen([B,"--probe.path",D,"--web.listen-address","127.0.0.1:%d"%PORT],stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
+    p=subprocess.Popen([B,"--probe.path",D,"--web.listen-address","127.0.0.1:%d"%PORT,"--collector.probes.split"],stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
     time.sleep(secs)
     m=urllib.request.urlopen("http://127.0.0.1:%d/metrics"%PORT).read().decode()
     p.send_signal(signal.SIGTERM); p.wait()

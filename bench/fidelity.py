@@ -2,8 +2,10 @@
 """Probe fidelity: the pg-storage-exporter daemon at default settings
 against fio, interleaved A/B, in one directory.
 
-Each pair runs the exporter with nothing but `--probe.path DIR` (and a
-listen address) for --daemon-seconds (60: at the default busy_every of 30 s
+Each pair runs the exporter with nothing but `--probe.path DIR` (a listen
+address, and `--collector.probes.split`, which only exposes the commit
+probe's write and sync halves as their own series: the sync half is what
+fio's sync percentiles compare with) for --daemon-seconds (60: at the default busy_every of 30 s
 that is two bursts, 24 busy commit samples and 64 busy reads, and about 60
 lone after-idle probes of each kind), reads
 pgstorage_probe_window_seconds{op, phase, quantile="0.5"} from /metrics and
@@ -102,7 +104,8 @@ def daemon(binary, d, seconds, logfile=None):
     returning or raising."""
     port = free_port()
     lf = open(logfile, "w") if logfile else subprocess.DEVNULL
-    p = subprocess.Popen([binary, "--probe.path", d, "--web.listen-address", f"127.0.0.1:{port}"],
+    p = subprocess.Popen([binary, "--probe.path", d, "--web.listen-address", f"127.0.0.1:{port}",
+                          "--collector.probes.split"],
                          stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, start_new_session=True)
     if logfile:
         lf.close()

@@ -63,6 +63,27 @@ const TOTALS: [(&str, &str, f64); 10] = [
     ),
 ];
 
+/// The two latency histograms: (name, help, which one).
+type HistogramOf = fn(&VolumeStats) -> &Histogram;
+const HISTOGRAMS: [(&str, &str, HistogramOf); 2] = [
+    (
+        "pgstorage_ebs_read_io_latency_seconds",
+        "Read latency of the EBS volume as the device bins it (its own bin bounds), since it was attached; \
+         _sum is the device's total read time",
+        |v| &v.read_latency,
+    ),
+    (
+        "pgstorage_ebs_write_io_latency_seconds",
+        "Write latency of the EBS volume as the device bins it (its own bin bounds), since it was attached; \
+         _sum is the device's total write time",
+        |v| &v.write_latency,
+    ),
+];
+
+fn vol(v: &VolumeStats) -> [(&'static str, &str); 1] {
+    [("volume", v.volume.as_str())]
+}
+
 pub fn encode(enc: Enc<'_, '_>, s: Option<&EbsSnapshot>) -> std::fmt::Result {
     let Some(s) = s else { return Ok(()) };
     gauge(
@@ -86,7 +107,6 @@ pub fn encode(enc: Enc<'_, '_>, s: Option<&EbsSnapshot>) -> std::fmt::Result {
     if s.volumes.is_empty() {
         return Ok(());
     }
-    let vol = |v: &VolumeStats| [("volume", v.volume.clone())];
     gauge(
         enc,
         "pgstorage_ebs_info",
@@ -116,25 +136,16 @@ pub fn encode(enc: Enc<'_, '_>, s: Option<&EbsSnapshot>) -> std::fmt::Result {
         "Read and write operations waiting to complete on the EBS volume, at the time of the read",
         s.volumes.iter().map(|v| (vol(v), v.queue_length as f64)),
     )?;
-    let hist = |h: &Histogram| (h.sum_seconds, h.count, h.buckets.clone());
-    histogram(
-        enc,
-        "pgstorage_ebs_read_io_latency_seconds",
-        "Read latency of the EBS volume as the device bins it (its own bin bounds), since it was attached; \
-         _sum is the device's total read time",
-        s.volumes.iter().map(|v| {
-            let (sum, n, b) = hist(&v.read_latency);
-            (vol(v), sum, n, b)
-        }),
-    )?;
-    histogram(
-        enc,
-        "pgstorage_ebs_write_io_latency_seconds",
-        "Write latency of the EBS volume as the device bins it (its own bin bounds), since it was attached; \
-         _sum is the device's total write time",
-        s.volumes.iter().map(|v| {
-            let (sum, n, b) = hist(&v.write_latency);
-            (vol(v), sum, n, b)
-        }),
-    )
+    for (name, help, of) in HISTOGRAMS {
+        histogram(
+            enc,
+            name,
+            help,
+            s.volumes.iter().map(|v| {
+                let h = of(v);
+                (vol(v), h.sum_seconds, h.count, h.buckets.clone())
+            }),
+        )?;
+    }
+    Ok(())
 }

@@ -306,6 +306,16 @@ type Answer = Result<Vec<u8>, i32>;
 #[derive(Debug, Default)]
 struct Fake(Mutex<BTreeMap<String, Answer>>);
 
+/// The fixture sysfs, and a source whose controller nvme1 answers with
+/// [`good_page`].
+fn nvme1_answering() -> (tempfile::TempDir, Fake) {
+    let dir = tempfile::tempdir().unwrap();
+    sysfs(dir.path());
+    let src = Fake::default();
+    src.set("nvme1", Ok(good_page()));
+    (dir, src)
+}
+
 impl Fake {
     fn set(&self, ctrl: &str, r: Answer) {
         self.0.lock().unwrap().insert(ctrl.into(), r);
@@ -347,10 +357,7 @@ fn passes(
 
 #[test]
 fn the_figures_of_each_volume_in_exported_form() {
-    let dir = tempfile::tempdir().unwrap();
-    sysfs(dir.path());
-    let src = Fake::default();
-    src.set("nvme1", Ok(good_page()));
+    let (dir, src) = nvme1_answering();
     let mut c2 = counters();
     c2.read_ops = 5;
     src.set(
@@ -398,10 +405,7 @@ fn the_figures_of_each_volume_in_exported_form() {
 
 #[test]
 fn a_device_reset_never_takes_a_counter_backwards() {
-    let dir = tempfile::tempdir().unwrap();
-    sysfs(dir.path());
-    let src = Fake::default();
-    src.set("nvme1", Ok(good_page()));
+    let (dir, src) = nvme1_answering();
     let vols = [vol("data", Some("259:1"))];
     let mut r = Reader::default();
     let t0 = Instant::now();
@@ -428,10 +432,7 @@ fn a_device_reset_never_takes_a_counter_backwards() {
 
 #[test]
 fn reads_happen_at_most_once_a_second() {
-    let dir = tempfile::tempdir().unwrap();
-    sysfs(dir.path());
-    let src = Fake::default();
-    src.set("nvme1", Ok(good_page()));
+    let (dir, src) = nvme1_answering();
     let vols = [vol("data", Some("259:1"))];
     let mut r = Reader::default();
     let t0 = Instant::now();
@@ -545,10 +546,7 @@ fn without_an_ebs_device_one_line_and_no_ebs_device() {
 
 #[test]
 fn one_failing_controller_of_two_sets_the_reason_and_keeps_the_other() {
-    let dir = tempfile::tempdir().unwrap();
-    sysfs(dir.path());
-    let src = Fake::default();
-    src.set("nvme1", Ok(good_page()));
+    let (dir, src) = nvme1_answering();
     src.set("nvme2", Err(-libc::EACCES));
     let vols = [vol("data", Some("259:1")), vol("wal", Some("259:2"))];
     let mut r = Reader::default();

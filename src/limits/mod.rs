@@ -223,11 +223,13 @@ pub async fn run(
                 Ok(p) => p,
                 Err(_) => return LimitsSnapshot::default(),
             };
-            let mut snap = pass(&cfg2, inputs2.as_ref(), &mut p, Instant::now());
-            if let Some(src) = &ebs2 {
-                snap.ebs = Some(ebs_pass(&cfg2, inputs2.as_ref(), src.as_ref(), &mut p));
-            }
-            snap
+            pass(
+                &cfg2,
+                inputs2.as_ref(),
+                ebs2.as_deref(),
+                &mut p,
+                Instant::now(),
+            )
         })
         .await
         .unwrap_or_default();
@@ -240,13 +242,11 @@ pub async fn run(
 /// The EBS statistics of one pass, its log lines emitted.
 fn ebs_pass(
     cfg: &LimitsSettings,
-    inputs: &dyn Inputs,
     src: &dyn ebs::LogPageSource,
+    vols: &[VolumeInput],
     prev: &mut Prev,
 ) -> ebs::EbsSnapshot {
-    let (snap, logs) = prev
-        .ebs
-        .pass(&cfg.sys_root, src, &inputs.volumes(), Instant::now());
+    let (snap, logs) = prev.ebs.pass(&cfg.sys_root, src, vols, Instant::now());
     for l in logs {
         match l {
             ebs::Log::Warn(m) => tracing::warn!("{m}"),
@@ -256,10 +256,21 @@ fn ebs_pass(
     snap
 }
 
-/// One limits pass: collect, then count and log what could not be read.
-fn pass(cfg: &LimitsSettings, inputs: &dyn Inputs, prev: &mut Prev, t0: Instant) -> LimitsSnapshot {
+/// One limits pass: collect, then count and log what could not be read;
+/// the EBS statistics (`ebs`: their source, `None` when that collector is
+/// off) from the same list of volumes, taken once per pass (it snapshots
+/// every volume's state).
+fn pass(
+    cfg: &LimitsSettings,
+    inputs: &dyn Inputs,
+    ebs: Option<&dyn ebs::LogPageSource>,
+    prev: &mut Prev,
+    t0: Instant,
+) -> LimitsSnapshot {
     let mut errors = PassErrors::default();
-    let mut snap = collect(cfg, inputs, prev, &mut errors);
+    let vols = inputs.volumes();
+    let mut snap = collect(cfg, inputs, &vols, prev, &mut errors);
+    snap.ebs = ebs.map(|src| ebs_pass(cfg, src, &vols, prev));
     for k in errors.labels() {
         *prev.read_errors.entry(k).or_default() += 1;
     }
@@ -275,6 +286,7 @@ fn pass(cfg: &LimitsSettings, inputs: &dyn Inputs, prev: &mut Prev, t0: Instant)
 fn collect(
     cfg: &LimitsSettings,
     inputs: &dyn Inputs,
+    vols: &[VolumeInput],
     prev: &mut Prev,
     errors: &mut PassErrors,
 ) -> LimitsSnapshot {
@@ -285,7 +297,6 @@ fn collect(
         .filter(|d| *d > 0.0);
     let mut out = LimitsSnapshot::default();
     let clusters = inputs.clusters();
-    let vols = inputs.volumes();
     // The hierarchies under cgroup_root, looked at once per pass. `None`:
     // cgroup reading is off (an empty directory) or failed (counted).
     let layout = errors.note(cgroup::detect(&cfg.cgroup_root)).flatten();
@@ -325,7 +336,7 @@ fn collect(
     // disk → (tightest write-IOPS cap that counts the exporter's own IO,
     // the exporter's planned device writes per second on the disk).
     let mut own_share: BTreeMap<String, (Option<f64>, f64)> = BTreeMap::new();
-    for v in &vols {
+    for v in vols {
         let disk = match &v.disk {
             Ok(d) => d.clone(),
             Err(reason) => {
@@ -513,7 +524,7 @@ fn collect(
         e.0 = provisioned.chain(e.0).reduce(f64::min);
         e.1 += planned;
     }
-    for v in &vols {
+    for v in vols {
         let Ok(disk) = &v.disk else { continue };
         let Some(&(cap, planned)) = own_share.get(&disk.majmin) else {
             continue;

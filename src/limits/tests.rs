@@ -102,7 +102,7 @@ fn inputs(h: &Host) -> Fake {
 }
 
 fn run(h: &Host, f: &Fake, prev: &mut Prev) -> LimitsSnapshot {
-    pass(&h.cfg, f, prev, Instant::now())
+    pass(&h.cfg, f, None, prev, Instant::now())
 }
 
 #[test]
@@ -208,7 +208,7 @@ fn sweep_plateaus_are_detected_rows_with_the_disks_utilization() {
     ];
     let mut prev = Prev::default();
     let t0 = Instant::now();
-    let s = pass(&h.cfg, &f, &mut prev, t0);
+    let s = pass(&h.cfg, &f, None, &mut prev, t0);
     let detected: Vec<_> = s.rows.iter().filter(|r| r.source == "detected").collect();
     assert_eq!(detected.len(), 2, "{detected:?}");
     assert!(
@@ -224,7 +224,7 @@ fn sweep_plateaus_are_detected_rows_with_the_disks_utilization() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    let s = pass(&h.cfg, &f, &mut prev, t0);
+    let s = pass(&h.cfg, &f, None, &mut prev, t0);
     let ratio = |res: Resource| {
         s.rows
             .iter()

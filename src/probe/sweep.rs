@@ -114,24 +114,24 @@ impl Workload {
         )
     }
 
+    /// IOs per second in the unit of the workload's resource: the IOs are
+    /// all `block` bytes, so bytes per second are IOPS × block.
+    fn in_unit(&self, iops: f64) -> f64 {
+        if self.in_bytes() {
+            iops * self.block as f64
+        } else {
+            iops
+        }
+    }
+
     /// A depth point's rate in the unit of the workload's resource.
     pub fn rate(&self, p: &DepthPoint) -> f64 {
-        if self.in_bytes() {
-            p.iops * self.block as f64
-        } else {
-            p.iops
-        }
+        self.in_unit(p.iops)
     }
 
     /// The plateau of `points`, in the unit of the workload's resource.
     pub fn limit(&self, points: &[DepthPoint]) -> Option<f64> {
-        detect(points).map(|iops| {
-            if self.in_bytes() {
-                iops * self.block as f64
-            } else {
-                iops
-            }
-        })
+        detect(points).map(|iops| self.in_unit(iops))
     }
 
     /// What it finds, for reports: "write bandwidth".
@@ -174,34 +174,32 @@ pub fn planned(with_writes: bool) -> Vec<Workload> {
 /// Time of each depth: `duration` split evenly over every depth of every
 /// workload that runs. The last IOs of a depth still drain after it.
 pub fn depth_time(duration: Duration, workloads: &[Workload]) -> Duration {
-    let steps: usize = workloads.iter().map(|w| w.depths.len()).sum();
-    duration / steps.max(1) as u32
+    duration / steps(workloads, |_| true).max(1) as u32
 }
 
 /// Share of a sweep's time that goes to its write workloads.
 pub fn write_fraction(workloads: &[Workload]) -> f64 {
-    let steps: usize = workloads.iter().map(|w| w.depths.len()).sum();
-    let writes: usize = workloads
-        .iter()
-        .filter(|w| w.writes())
-        .map(|w| w.depths.len())
-        .sum();
-    if steps == 0 {
+    let all = steps(workloads, |_| true);
+    if all == 0 {
         0.0
     } else {
-        writes as f64 / steps as f64
+        steps(workloads, Workload::writes) as f64 / all as f64
     }
 }
 
 /// Bytes each write depth may write: [`MAX_WRITE_BYTES`] split evenly over
 /// the depths of the write workloads.
 pub fn write_share(workloads: &[Workload]) -> u64 {
-    let steps: usize = workloads
+    MAX_WRITE_BYTES / steps(workloads, Workload::writes).max(1) as u64
+}
+
+/// Depths (steps of equal time) of the workloads `which` picks.
+fn steps(workloads: &[Workload], which: impl Fn(&Workload) -> bool) -> usize {
+    workloads
         .iter()
-        .filter(|w| w.writes())
+        .filter(|w| which(w))
         .map(|w| w.depths.len())
-        .sum();
-    MAX_WRITE_BYTES / steps.max(1) as u64
+        .sum()
 }
 
 /// The offset of the next IO: a random block, or the block after the

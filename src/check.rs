@@ -27,7 +27,7 @@ use crate::probe::files::{ProbeDir, SetupError, raw};
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, WAL_FILE_SIZE};
-use crate::probe::sweep::{SWEEP_FILE_SIZE, Table, Target};
+use crate::probe::sweep::Table;
 use crate::types::{EngineChoice, EngineKind, Resource, SyncMethod};
 
 use progress::Progress;
@@ -473,30 +473,16 @@ fn measure(
                 Some(f) => f,
                 None => dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?,
             };
-            // Without a sweep file (no room above the reserve, no O_DIRECT)
-            // the read caps are still worth finding.
-            let sweep_file = match dir.create_sweep_file(SWEEP_FILE_SIZE, opts.free_space_reserve) {
-                Ok(f) => Some(f),
-                Err(e) => {
-                    m.errors.push(format!("sweep writes skipped: {e}"));
-                    None
-                }
-            };
             progress.phase("sweep", d, Duration::ZERO);
-            let tables = crate::probe::sweep::run(
-                Target {
-                    fd: raw(&read),
-                    size: opts.read_file_size,
-                },
-                sweep_file.as_ref().map(|f| Target {
-                    fd: raw(f),
-                    size: SWEEP_FILE_SIZE,
-                }),
+            let tables = crate::probe::sweep::run_in(
+                dir,
+                &read,
+                opts.read_file_size,
+                opts.free_space_reserve,
                 d,
                 &stopped,
+                |e| m.errors.push(format!("sweep writes skipped: {e}")),
             );
-            drop(sweep_file);
-            dir.remove_sweep_file();
             m.sweep = Some(tables.map_err(|e| anyhow::anyhow!("queue-depth sweep: {e}"))?);
         }
     }
@@ -530,7 +516,6 @@ fn write_sweep_table(o: &mut String, t: &Table) {
         }
     );
     for p in &t.points {
-        let littles = p.littles_law_iops() * if w.in_bytes() { w.block as f64 } else { 1.0 };
         let _ = writeln!(
             o,
             "  {:>6}{:>11}{:>11}{:>11}{:>16}",
@@ -538,7 +523,7 @@ fn write_sweep_table(o: &mut String, t: &Table) {
             fmt(w.rate(p)),
             fmt_seconds(p.mean),
             fmt_seconds(p.p99),
-            fmt(littles)
+            fmt(w.in_unit(p.littles_law_iops()))
         );
     }
     match t.detected {

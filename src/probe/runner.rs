@@ -18,7 +18,6 @@ use crate::probe::engine::Engine;
 use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
 use crate::probe::state::VolumeState;
-use crate::probe::sweep::{SWEEP_FILE_SIZE, Target};
 use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, Phase};
 
@@ -525,34 +524,18 @@ impl Runner {
     fn sweep(&mut self, dir: &ProbeDir, read: &File) {
         let stop = self.stop.clone();
         let t0 = Instant::now();
-        // The sweep file exists only while a sweep runs: 32 MiB held for a
-        // few seconds an hour, not for the life of the volume. Without it
-        // (no room above the reserve, no O_DIRECT) the read caps are still
-        // worth finding.
-        let sweep_file = match dir
-            .create_sweep_file(SWEEP_FILE_SIZE, self.cfg.probe.free_space_reserve)
-        {
-            Ok(f) => Some(f),
-            Err(e) => {
-                self.state.counts.error("sweep", "sweep_failed");
-                tracing::warn!(volume = %self.cfg.name, error = %e, "queue-depth sweep: no sweep file, sweeping reads only");
-                None
-            }
-        };
-        let result = crate::probe::sweep::run(
-            Target {
-                fd: raw(read),
-                size: self.cfg.probe.read_file_size,
-            },
-            sweep_file.as_ref().map(|f| Target {
-                fd: raw(f),
-                size: SWEEP_FILE_SIZE,
-            }),
+        let result = crate::probe::sweep::run_in(
+            dir,
+            read,
+            self.cfg.probe.read_file_size,
+            self.cfg.probe.free_space_reserve,
             self.cfg.probe.sweep_duration,
             &|| stop.is_stopped(),
+            |e| {
+                self.state.counts.error("sweep", "sweep_failed");
+                tracing::warn!(volume = %self.cfg.name, error = %e, "queue-depth sweep: no sweep file, sweeping reads only");
+            },
         );
-        drop(sweep_file);
-        dir.remove_sweep_file();
         match result {
             Ok(tables) => {
                 tracing::info!(

@@ -19,6 +19,7 @@
 //! The writes go to a file of its own (`files::SWEEP_FILE`), never to a
 //! PostgreSQL file or to the probe files.
 
+use std::fs::File;
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
@@ -27,6 +28,7 @@ use serde::Serialize;
 
 use crate::model::plateau::{DepthPoint, detect};
 use crate::probe::Rng;
+use crate::probe::files::{ProbeDir, SetupError, raw};
 use crate::probe::settings::BLOCK_SIZE;
 use crate::sys::UringQueue;
 use crate::types::Resource;
@@ -116,7 +118,7 @@ impl Workload {
 
     /// IOs per second in the unit of the workload's resource: the IOs are
     /// all `block` bytes, so bytes per second are IOPS × block.
-    fn in_unit(&self, iops: f64) -> f64 {
+    pub fn in_unit(&self, iops: f64) -> f64 {
         if self.in_bytes() {
             iops * self.block as f64
         } else {
@@ -302,6 +304,42 @@ pub fn run(
         });
     }
     Ok(out)
+}
+
+/// Runs the sweep in probe directory `dir`: the read workloads on `read`
+/// (the read probe file, `read_size` bytes), the write workloads on a sweep
+/// file created for this sweep and removed after it, so its 32 MiB are held
+/// for the sweep's seconds, not for the life of the volume. When the file
+/// cannot be made (no room above `reserve`, no `O_DIRECT`) `no_file` is told
+/// why and the reads run alone: the read caps are still worth finding.
+pub fn run_in(
+    dir: &ProbeDir,
+    read: &File,
+    read_size: u64,
+    reserve: u64,
+    duration: Duration,
+    stop: &dyn Fn() -> bool,
+    no_file: impl FnOnce(SetupError),
+) -> Result<Vec<Table>, String> {
+    let sweep_file = dir
+        .create_sweep_file(SWEEP_FILE_SIZE, reserve)
+        .map_err(no_file)
+        .ok();
+    let result = run(
+        Target {
+            fd: raw(read),
+            size: read_size,
+        },
+        sweep_file.as_ref().map(|f| Target {
+            fd: raw(f),
+            size: SWEEP_FILE_SIZE,
+        }),
+        duration,
+        stop,
+    );
+    drop(sweep_file);
+    dir.remove_sweep_file();
+    result
 }
 
 struct Step<'a> {

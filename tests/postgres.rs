@@ -669,8 +669,13 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
     .unwrap();
     // The basis is 1 / (write + sync time per sync): at most 1 / the sync
     // mean, and a WAL write into the page cache costs far less than the
-    // sync (tens of µs against hundreds here), so not below half of it.
+    // sync (tens of µs against hundreds here: 0.95 on the 2-vCPU test
+    // machine), so not below half of it.
     let mean = value(&m, "pgstorage_pg_wal_sync_mean_seconds{cluster=\"c18\"}").unwrap();
+    eprintln!(
+        "basis=postgres: ceiling {ceiling}/s x sync mean {mean} s = {}",
+        ceiling * mean
+    );
     assert!(
         ceiling * mean <= 1.0 + 1e-9 && ceiling * mean > 0.5,
         "ceiling {ceiling}/s, sync mean {mean} s"
@@ -896,7 +901,7 @@ fn survives_sigkill_of_the_postmaster() {
         value(&m, "pgstorage_pg_commits_total{cluster=\"c\"}").is_none(),
         "no stale figures"
     );
-    pg.start_again();
+    pg.start_again_after_crash(Duration::from_secs(30));
     ex.wait_for("pg_up back to 1", Duration::from_secs(40), |m| {
         pg_up(m) == Some(1.0)
     });

@@ -880,6 +880,34 @@ impl PgServer {
         }
     }
 
+    /// Starts the server again after its postmaster was killed: the old
+    /// backends notice its death and exit, but one busy in the kernel may
+    /// still hold the shared memory for a while ("pre-existing shared
+    /// memory block is still in use"), so `pg_ctl start` is tried again
+    /// each second until it succeeds or `timeout` has passed.
+    pub fn start_again_after_crash(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let out = self.pg_ctl_start();
+            if out.status.success() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "pg_ctl start (after a crash) on port {} failed for {timeout:?}: {}\nserver log:\n{}",
+                    self.port,
+                    output_text(&out),
+                    self.log()
+                );
+            }
+            eprintln!(
+                "pg_ctl start (after a crash) failed, trying again: {}",
+                output_text(&out).trim()
+            );
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+
     /// Creates table `ins(id bigserial primary key, v int)` if missing, then
     /// runs pgbench over the unix socket with a custom script of one
     /// single-row `INSERT INTO ins(v) VALUES (1);` per transaction

@@ -5,8 +5,7 @@
 //! cgroup reading
 //! turned off (`cgroup_root` an empty directory), and must report each cap
 //! within 20 % as `source="detected"`; on the same device without the
-//! throttles it must claim no plateau near them (a loop device out of CPU
-//! may show its own, far above them). Needs root, loop devices and
+//! throttles it must claim no plateau at all. Needs root, loop devices and
 //! v1 blkio (skips with the reason otherwise, fails under CI). About 60 s.
 
 // Test code: a panic is a failed assertion.
@@ -166,13 +165,10 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
         );
     }
 
-    // Same device, no throttle: nothing claimed at (or near) the caps. 1 s
-    // per depth is enough for a device that is not rationing its IO. A
-    // loop device on 2 vCPUs can run out of CPU, and over the 3 bandwidth
-    // depths its own rate may look flat: that plateau is the device's, far
-    // above the throttles (the device did each cap's rate with them on),
-    // not one of them. Any claim must be at least 1.5 times the cap its
-    // resource had, and is printed.
+    // Same device, no throttle: nothing claimed. 1 s per depth is enough
+    // for a device that is not rationing its IO. (Unthrottled, the loop
+    // device's rates grow 2-3x from depth 1 to 4: far from the two flat
+    // steps a plateau needs.)
     for f in [
         "read_iops_device",
         "write_iops_device",
@@ -186,17 +182,8 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
         .lines()
         .filter(|l| l.starts_with("pgstorage_io_limit{") && l.contains("source=\"detected\""))
         .collect();
-    eprintln!("plateaus claimed unthrottled: {claimed:?}");
-    for line in &claimed {
-        let (resource, cap) = caps
-            .iter()
-            .find(|(r, _)| line.contains(&format!("resource=\"{r}\"")))
-            .unwrap_or_else(|| panic!("a plateau of a resource never throttled: {line}"));
-        let got = detected(&m, resource).unwrap();
-        assert!(
-            got >= 1.5 * cap,
-            "{resource}: plateau {got} claimed unthrottled, within 1.5 times its cap {cap} \
-             (all claimed: {claimed:?})"
-        );
-    }
+    assert!(
+        claimed.is_empty(),
+        "plateaus claimed unthrottled: {claimed:?}"
+    );
 }

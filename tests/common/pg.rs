@@ -869,22 +869,14 @@ impl PgServer {
     /// Starts the stopped server again on the same port and data dir,
     /// waiting until it accepts connections. Panics on failure.
     pub fn start_again(&self) {
-        let out = self.pg_ctl_start();
-        if !out.status.success() {
-            panic!(
-                "pg_ctl start (again) on port {} failed: {}\nserver log:\n{}",
-                self.port,
-                output_text(&out),
-                self.log()
-            );
-        }
+        self.start_again_after_crash(Duration::ZERO);
     }
 
     /// Starts the server again after its postmaster was killed: the old
     /// backends notice its death and exit, but one busy in the kernel may
     /// still hold the shared memory for a while ("pre-existing shared
     /// memory block is still in use"), so `pg_ctl start` is tried again
-    /// each second until it succeeds or `timeout` has passed.
+    /// each second until it succeeds or `timeout` has passed (zero: once).
     pub fn start_again_after_crash(&self, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
@@ -894,7 +886,7 @@ impl PgServer {
             }
             if Instant::now() > deadline {
                 panic!(
-                    "pg_ctl start (after a crash) on port {} failed for {timeout:?}: {}\nserver log:\n{}",
+                    "pg_ctl start (again) on port {} failed for {timeout:?}: {}\nserver log:\n{}",
                     self.port,
                     output_text(&out),
                     self.log()

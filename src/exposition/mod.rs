@@ -144,11 +144,16 @@ impl Metrics {
         let mut audit = self.audit.snapshot();
         // Like the limits: a volume or cluster removed by a reload loses
         // its findings at once, not at the next audit pass.
+        // The report is shared with the audit state: it is copied only when
+        // something has to go (right after a reload), not on every scrape.
         if let Some(r) = audit.last.as_mut() {
-            r.volumes
-                .retain(|(n, _)| volumes.iter().any(|(v, _)| &v.name == n));
-            r.clusters
-                .retain(|(n, _)| clusters.iter().any(|c| &c.name == n));
+            let volume_gone = |(n, _): &(String, _)| !volumes.iter().any(|(v, _)| &v.name == n);
+            let cluster_gone = |(n, _): &(String, _)| !clusters.iter().any(|c| &c.name == n);
+            if r.volumes.iter().any(volume_gone) || r.clusters.iter().any(cluster_gone) {
+                let r = Arc::make_mut(r);
+                r.volumes.retain(|e| !volume_gone(e));
+                r.clusters.retain(|e| !cluster_gone(e));
+            }
         }
         ScrapeSnapshot {
             volumes,

@@ -1018,7 +1018,10 @@ impl Report {
 /// What the exporter serves: the latest report and lifetime counters.
 #[derive(Debug, Clone, Default)]
 pub struct AuditSnapshot {
-    pub last: Option<Report>,
+    /// Behind an `Arc`: every scrape takes a snapshot, and the report (a
+    /// few strings per volume and cluster) changes only once per audit
+    /// pass, so a snapshot shares it instead of copying it.
+    pub last: Option<std::sync::Arc<Report>>,
     /// Unix time of the latest pass.
     pub last_run: Option<f64>,
     pub runs: u64,
@@ -1041,7 +1044,7 @@ impl AuditState {
         s.checks_skipped += report.skipped();
         s.read_errors += report.read_errors.len() as u64;
         s.last_run = Some(unix_time);
-        s.last = Some(report);
+        s.last = Some(std::sync::Arc::new(report));
     }
 
     pub fn snapshot(&self) -> AuditSnapshot {

@@ -79,11 +79,16 @@ pub struct ClusterSnapshot {
     pub name: String,
     pub up: bool,
     pub version: Option<(u32, String)>,
-    pub stats: Option<PgStats>,
+    /// Behind an `Arc`, like `waits`: every scrape takes a snapshot, and
+    /// the statistics (settings, pg_stat_io rows) change once per
+    /// collection, so a snapshot shares them instead of copying them.
+    pub stats: Option<Arc<PgStats>>,
     pub scrape_seconds: Option<f64>,
     /// Failures by (what failed: `connect` or a query, cause label).
     pub errors: BTreeMap<(&'static str, &'static str), u64>,
-    pub waits: WaitTotals,
+    /// Changed in place (`Arc::make_mut`): copied only when a scrape
+    /// still holds the previous totals.
+    pub waits: Arc<WaitTotals>,
     /// (volume, role) pairs from discovery or matching configured volumes.
     pub volumes: Vec<(String, String)>,
     /// Mean WAL sync seconds over the window, from PostgreSQL's counters.
@@ -173,7 +178,7 @@ impl ClusterState {
         self.with(|i| {
             i.snap.up = false;
             i.snap.stats = None;
-            i.snap.waits.pause();
+            Arc::make_mut(&mut i.snap.waits).pause();
             i.wal_history.clear();
             i.snap.wal_sync_mean = None;
             i.snap.wal_commit_mean = None;
@@ -222,7 +227,7 @@ impl ClusterState {
                 i.snap.wal_sync_share = None;
             }
             i.snap.up = true;
-            i.snap.stats = Some(stats);
+            i.snap.stats = Some(Arc::new(stats));
             i.snap.scrape_seconds = Some(seconds);
         });
     }
@@ -524,8 +529,9 @@ impl Session<'_> {
                     if let Some(s) = self.keep("waits", r)? {
                         let interval = cfg.wait_sampling_interval;
                         self.state.with(|i| {
-                            i.snap.waits.add(Instant::now(), interval, &s.waiting);
-                            i.snap.waits.hidden = Some(s.hidden);
+                            let waits = Arc::make_mut(&mut i.snap.waits);
+                            waits.add(Instant::now(), interval, &s.waiting);
+                            waits.hidden = Some(s.hidden);
                         });
                     }
                 }

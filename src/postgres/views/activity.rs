@@ -266,7 +266,7 @@ mod tests {
             up: true,
             ..Default::default()
         };
-        c.waits.add(
+        std::sync::Arc::make_mut(&mut c.waits).add(
             Instant::now(),
             Duration::from_secs(1),
             &[row("IO", "WalSync", 2)],
@@ -279,7 +279,7 @@ mod tests {
             assert!(out.contains(want), "{want} missing from:\n{out}");
         }
         c.up = false;
-        c.waits.pause();
+        std::sync::Arc::make_mut(&mut c.waits).pause();
         let out = crate::postgres::views::render(&[c], encode);
         assert!(out.contains("wait_event=\"WalSync\"} 2.0\n"), "{out}");
         assert!(!out.contains("pgstorage_pg_backends_waiting{"), "{out}");

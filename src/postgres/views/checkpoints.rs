@@ -203,7 +203,7 @@ mod tests {
         let c = ClusterSnapshot {
             name: "c".into(),
             up: true,
-            stats: Some(PgStats {
+            stats: Some(std::sync::Arc::new(PgStats {
                 checkpoints: Some(Checkpoints {
                     timed: Some(3.0),
                     requested: Some(1.0),
@@ -211,7 +211,7 @@ mod tests {
                     ..Default::default()
                 }),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         };
         let out = render(&[c], encode);

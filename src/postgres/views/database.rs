@@ -60,13 +60,13 @@ mod tests {
         let up = ClusterSnapshot {
             name: "a".into(),
             up: true,
-            stats: Some(PgStats {
+            stats: Some(std::sync::Arc::new(PgStats {
                 transactions: Some(Transactions {
                     commits: Some(5.0),
                     rollbacks: None,
                 }),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         };
         let down = ClusterSnapshot {

@@ -240,10 +240,10 @@ mod tests {
         let c = ClusterSnapshot {
             name: "c".into(),
             up: true,
-            stats: Some(PgStats {
+            stats: Some(std::sync::Arc::new(PgStats {
                 io: Some(vec![row("relation", None)]),
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         };
         let out = render(&[c], encode);

@@ -201,7 +201,7 @@ mod tests {
         let mut c = cluster("c", true);
         c.errors.insert(("database", "timeout"), 3);
         c.errors.insert(("connect", "client_timeout"), 1);
-        c.waits.hidden = Some(4);
+        std::sync::Arc::make_mut(&mut c.waits).hidden = Some(4);
         let out = render(std::slice::from_ref(&c), encode);
         for want in [
             "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"database\",cause=\"timeout\"} 3.0\n",

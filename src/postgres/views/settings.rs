@@ -220,7 +220,7 @@ mod tests {
         let c = ClusterSnapshot {
             name: "c".into(),
             up: true,
-            stats: Some(PgStats {
+            stats: Some(std::sync::Arc::new(PgStats {
                 settings: vec![
                     setting("data_directory", "/srv/pg", None),
                     setting("port", "5432", Some(5432.0)),
@@ -228,7 +228,7 @@ mod tests {
                     setting("wal_sync_method", "fdatasync", None),
                 ],
                 ..Default::default()
-            }),
+            })),
             ..Default::default()
         };
         let out = render(&[c], encode);

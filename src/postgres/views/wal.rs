@@ -196,14 +196,14 @@ mod tests {
         let c = ClusterSnapshot {
             name: "c".into(),
             up: true,
-            stats: Some(PgStats {
+            stats: Some(std::sync::Arc::new(PgStats {
                 wal: Some(WalStats {
                     syncs: Some(10.0),
                     records: Some(7.0),
                     ..Default::default()
                 }),
                 ..Default::default()
-            }),
+            })),
             wal_sync_mean: Some(0.002),
             ..Default::default()
         };

@@ -29,6 +29,7 @@ fn two_hundred_concurrent_scrapers_get_complete_answers_and_probes_go_on() {
         count(m, "t", "commit") >= 3.0
     });
     let commits_before = count(&m, "t", "commit");
+    let renders_before = sample(&m, "pgstorage_scrape_render_duration_seconds_count").unwrap();
     let threads_before = threads(ex.child.id());
 
     let ok = Arc::new(AtomicU64::new(0));
@@ -69,9 +70,17 @@ fn two_hundred_concurrent_scrapers_get_complete_answers_and_probes_go_on() {
     let (ok, bad) = (ok.load(Ordering::Relaxed), bad.load(Ordering::Relaxed));
     let m = ex.metrics();
     let commits_after = count(&m, "t", "commit");
+    let renders =
+        sample(&m, "pgstorage_scrape_render_duration_seconds_count").unwrap() - renders_before;
+    let render_seconds = sample(&m, "pgstorage_scrape_render_duration_seconds_sum").unwrap();
+    let within_inf = sample(
+        &m,
+        "pgstorage_scrape_render_duration_seconds_bucket{le=\"+Inf\"}",
+    )
+    .unwrap();
     eprintln!(
         "{SCRAPERS} scrapers for {STORM:?}: {ok} complete answers, {bad} bad; threads {threads_before} before, \
-         at most {threads_max} during; commit probes {commits_before} -> {commits_after}"
+         at most {threads_max} during; commit probes {commits_before} -> {commits_after}; {renders} renders"
     );
     assert_eq!(bad, 0, "incomplete or failed answers");
     assert!(
@@ -84,6 +93,17 @@ fn two_hundred_concurrent_scrapers_get_complete_answers_and_probes_go_on() {
         commits_after - commits_before >= 10.0,
         "probes stalled during the storm: {commits_before} -> {commits_after}"
     );
+    // Concurrent scrapes share renders: the exporter's own render
+    // histogram counts each render once, however many answers it served.
+    assert!(
+        renders >= 1.0 && renders < ok as f64,
+        "{renders} renders for {ok} answers"
+    );
+    assert_eq!(within_inf, renders_before + renders, "+Inf bucket = count");
+    // A render of one volume's series is far below a second on any
+    // machine this runs on; a wrong unit (ms, ns) would be off by 1000.
+    let mean = render_seconds / (renders_before + renders);
+    assert!(mean > 0.0 && mean < 1.0, "mean render {mean} s");
     // Connections are tasks, not threads: the runtime's 2 workers plus at
     // most a few blocking threads for rendering.
     assert!(

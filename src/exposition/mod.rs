@@ -20,6 +20,7 @@ pub mod histogram;
 pub mod limits;
 pub mod probe;
 pub mod process;
+pub mod render;
 pub mod summary;
 
 use std::sync::Arc;
@@ -72,6 +73,7 @@ pub struct Metrics {
     limits: Arc<LimitsState>,
     audit: Arc<crate::audit::AuditState>,
     config: config::ConfigMetrics,
+    render: render::RenderMetrics,
     /// Which probe ops are exposed: `probes.split` adds write and sync.
     ops: &'static [Op],
     /// The previous body's length: the next one is about as long, and
@@ -97,6 +99,7 @@ impl Metrics {
     ) -> Metrics {
         let mut registry = Registry::default();
         let config = config::ConfigMetrics::register(&mut registry);
+        let render = render::RenderMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
         registry.register_collector(Box::new(process::ProcessCollector::new()));
         Metrics {
@@ -106,6 +109,7 @@ impl Metrics {
             limits,
             audit: Default::default(),
             config,
+            render,
             ops: exposed_ops(collectors),
             last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
         }
@@ -176,6 +180,7 @@ impl Metrics {
     /// buffer and the free of the previous one: that free ran glibc's
     /// `malloc_consolidate`, about 2% of a scrape's CPU.
     pub fn encode_into(&self, out: &mut String, format: Format) -> Result<(), std::fmt::Error> {
+        let began = std::time::Instant::now();
         out.clear();
         let snap = Arc::new(self.snapshot());
         let mut scrape = Registry::default();
@@ -199,6 +204,9 @@ impl Metrics {
         }
         self.last_len
             .store(out.len(), std::sync::atomic::Ordering::Relaxed);
+        // Observed after the body is complete, so it shows in the next
+        // scrape: a render cannot time itself into its own body.
+        self.render.observe(began.elapsed());
         Ok(())
     }
 }

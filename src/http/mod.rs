@@ -29,7 +29,8 @@ use crate::probe::set::VolumeSet;
 /// volumes, 3,185 series) zlib's level 1 gives 23 KB in 3.3 ms of CPU,
 /// level 6 (client_golang's) 19 KB in 13 ms (BENCHMARKS.md): 4 KB less on
 /// the wire is not worth four times the CPU, on a host whose probes must
-/// keep theirs, when the render itself takes 2 ms.
+/// keep theirs, when the render itself takes about 1 ms
+/// (`pgstorage_scrape_render_duration_seconds`).
 pub const COMPRESSION: CompressionLevel = CompressionLevel::Fastest;
 
 #[derive(Debug)]

@@ -6,10 +6,14 @@
 //! info and the process collector; each scrape adds one [`Scrape`]
 //! collector over ONE snapshot of the volumes, clusters and limits, so the
 //! quantiles, sample counts, ceilings and PostgreSQL figures of a scrape
-//! always agree. Two families are written by hand: the window summary
-//! ([`summary`]; prometheus-client has no summary type) and the probe
-//! histograms ([`histogram`]; their constant bucket labels are formatted
-//! once instead of on every line of every scrape).
+//! always agree. Three kinds of family are written line by line, after the
+//! registry, from the same snapshot: the window summary ([`summary`];
+//! prometheus-client has no summary type), the probe histograms
+//! ([`histogram`]; their constant bucket labels are formatted once instead
+//! of on every line of every scrape) and the three pg_stat_io families
+//! (`families::counter_lines`; each row's labels rendered once for all its
+//! samples). The last two take their HELP/TYPE lines from
+//! prometheus-client and are held to its text by unit tests.
 
 pub mod audit;
 pub mod config;
@@ -29,6 +33,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
+use crate::families::Text;
 use crate::limits::{LimitsSnapshot, LimitsState};
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
@@ -191,6 +196,7 @@ impl Metrics {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(out, &self.registry)?;
                 prometheus_client::encoding::text::encode_registry(out, &scrape)?;
+                crate::postgres::views::io::encode_lines(out, Text::OpenMetrics, &snap.clusters);
                 histogram::encode(out, format, &snap.volumes, self.ops);
                 summary::encode(out, &snap.volumes, self.ops);
                 prometheus_client::encoding::text::encode_eof(out)?;
@@ -198,6 +204,7 @@ impl Metrics {
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(out, &self.registry)?;
                 prometheus_client::encoding::prometheus_text::encode(out, &scrape)?;
+                crate::postgres::views::io::encode_lines(out, Text::Prometheus, &snap.clusters);
                 histogram::encode(out, format, &snap.volumes, self.ops);
                 summary::encode(out, &snap.volumes, self.ops);
             }

@@ -6,9 +6,7 @@
 //! read_bytes, write_bytes and extend_bytes, because WAL rows (new in 18,
 //! object 'wal') move variable amounts.
 
-use std::fmt;
-
-use crate::families::{self, Encoder};
+use crate::families::{self, Text};
 use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
 
@@ -143,7 +141,15 @@ pub fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) ->
     rows
 }
 
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+/// Appends the three pg_stat_io families of all clusters (nothing with no
+/// cluster configured, like every `pgstorage_pg_*` family). Written with
+/// [`families::counter_lines`], not through the scrape's encoder: with
+/// every row and op these are most of a large scrape's series, and each
+/// row's four labels are rendered once for its up to 24 samples.
+pub fn encode_lines(out: &mut String, text: Text, clusters: &[ClusterSnapshot]) {
+    if clusters.is_empty() {
+        return;
+    }
     type Get = fn(&IoOp) -> Option<f64>;
     let families: [(&str, Get, &str); 3] = [
         (
@@ -162,38 +168,40 @@ pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Resul
             "Bytes moved by IO operations from pg_stat_io: *_bytes columns from 18, operations × op_bytes in 16 and 17",
         ),
     ];
+    let rows: Vec<(String, &IoRow)> = clusters
+        .iter()
+        .flat_map(|c| {
+            let rows = c.stats.iter().flat_map(|s| s.io.iter().flatten());
+            rows.map(|r| {
+                let labels = families::label_text(&[
+                    ("cluster", c.name.as_str()),
+                    ("backend_type", r.backend_type.as_str()),
+                    ("object", r.object.as_str()),
+                    ("context", r.context.as_str()),
+                ]);
+                (labels, r)
+            })
+        })
+        .collect();
     for (base, get, help) in families {
-        families::counter(
-            enc,
+        families::counter_lines(
+            out,
+            text,
             base,
             help,
-            clusters.iter().flat_map(|c| {
-                let rows = c.stats.iter().flat_map(|s| s.io.iter().flatten());
-                rows.flat_map(move |r| {
-                    r.ops.iter().filter_map(move |o| {
-                        Some((
-                            [
-                                ("cluster", c.name.as_str()),
-                                ("backend_type", r.backend_type.as_str()),
-                                ("object", r.object.as_str()),
-                                ("context", r.context.as_str()),
-                                ("op", o.op),
-                            ],
-                            get(o)?,
-                        ))
-                    })
-                })
+            rows.iter().flat_map(|(labels, r)| {
+                r.ops
+                    .iter()
+                    .filter_map(move |o| Some((labels.as_str(), [("op", o.op)], get(o)?)))
             }),
-        )?;
+        );
     }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::postgres::PgStats;
-    use crate::postgres::views::render;
 
     #[test]
     fn version_gate() {
@@ -246,7 +254,8 @@ mod tests {
             })),
             ..Default::default()
         };
-        let out = render(&[c], encode);
+        let mut out = String::new();
+        encode_lines(&mut out, Text::Prometheus, &[c]);
         let labels =
             "cluster=\"c\",backend_type=\"client backend\",object=\"relation\",context=\"normal\"";
         for want in [

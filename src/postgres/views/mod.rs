@@ -2,7 +2,9 @@
 //! type, which server versions have which columns, the function that runs
 //! it through [`Db`](super::db::Db), the encoder of its metric families and
 //! its tests. [`encode`] writes every `pgstorage_pg_*` family (and
-//! `pgstorage_cluster_volume_info`) from the cluster snapshots.
+//! `pgstorage_cluster_volume_info`) from the cluster snapshots, except the
+//! three pg_stat_io families, which the exposition appends with
+//! [`io::encode_lines`] (the largest families, written line by line).
 //!
 //! PostgreSQL moved its IO statistics between views across versions:
 //!
@@ -42,7 +44,6 @@ pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Resul
     encode_collector(enc, clusters)?;
     version::encode(enc, clusters)?;
     settings::encode(enc, clusters)?;
-    io::encode(enc, clusters)?;
     wal::encode(enc, clusters)?;
     database::encode(enc, clusters)?;
     checkpoints::encode(enc, clusters)?;
@@ -164,12 +165,16 @@ mod tests {
     #[test]
     fn nothing_without_clusters() {
         assert_eq!(render(&[], encode), "");
+        let mut io = String::new();
+        io::encode_lines(&mut io, families::Text::Prometheus, &[]);
+        assert_eq!(io, "");
     }
 
     #[test]
     fn every_family_is_described_even_without_series() {
         // A cluster never reached: up is 0, every other family is bare.
-        let out = render(&[cluster("c", false)], encode);
+        let mut out = render(&[cluster("c", false)], encode);
+        io::encode_lines(&mut out, families::Text::Prometheus, &[cluster("c", false)]);
         assert!(
             out.contains("pgstorage_pg_up{cluster=\"c\"} 0.0\n"),
             "{out}"

@@ -31,11 +31,12 @@ fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
     crate::model::ceiling::capped_ceiling(cap, wpp)
 }
 
-/// What one lone commit waits on its WAL by PostgreSQL's own counters, the
-/// `postgres` basis: write + sync time per sync, or the sync time alone
-/// where the server reports no write time.
+/// The least one commit takes by PostgreSQL's own figures, the `postgres`
+/// basis: its WAL write + sync time per sync (the sync time alone where
+/// the server reports no write time), plus the fastest round trip of a
+/// trivial query where the exporter measures one (nothing over a network).
 fn postgres_commit_seconds(c: &ClusterSnapshot) -> Option<f64> {
-    c.wal_commit_mean.or(c.wal_sync_mean)
+    crate::model::ceiling::commit_floor(c.wal_commit_mean.or(c.wal_sync_mean)?, c.round_trip)
 }
 
 /// The commit ceilings of a volume that the ceiling in force is the lowest
@@ -212,9 +213,10 @@ pub fn encode(
          of the busy commit probes (phase=busy; the after_idle ones while no burst has run or \
          busy_every is 0). \
          basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
-         window, on the cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
-         per commit probe (docs/ceilings.md). Statement work and network round trips come on top; group commit \
-         lets many clients together exceed it.",
+         window plus the fastest round trip of a trivial query (pgstorage_pg_round_trip_seconds, \
+         local connections only), on the cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
+         per commit probe (docs/ceilings.md). The rest of a statement's work and network round trips come \
+         on top; group commit lets many clients together exceed it.",
         ceilings,
     )?;
 

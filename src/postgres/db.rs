@@ -56,6 +56,12 @@ impl<'a> Db<'a> {
         self.within(self.client.query_one(sql, params)).await
     }
 
+    /// One statement over the simple query protocol (one message each
+    /// way, as psql and pgbench send theirs), its rows dropped.
+    pub async fn simple_query(&self, sql: &str) -> QResult<()> {
+        self.within(self.client.simple_query(sql)).await.map(drop)
+    }
+
     pub async fn batch_execute(&self, sql: &str) -> QResult<()> {
         self.within(self.client.batch_execute(sql)).await
     }

@@ -71,6 +71,9 @@ pub struct PgStats {
     pub wal: Option<WalStats>,
     pub transactions: Option<Transactions>,
     pub checkpoints: Option<Checkpoints>,
+    /// The fastest round trip of `SELECT 1` this scrape, in seconds; `None`
+    /// over a network (see `views::round_trip`).
+    pub round_trip: Option<f64>,
 }
 
 /// What the metrics encoder reads about a cluster.
@@ -101,6 +104,10 @@ pub struct ClusterSnapshot {
     /// Seconds PostgreSQL spent in WAL syncs per second of wall time over
     /// the window (the sync seconds counter's rate): 0.5 is half the time.
     pub wal_sync_share: Option<f64>,
+    /// The fastest round trip of `SELECT 1` over the window, in seconds
+    /// (`views::round_trip`): added to the WAL time in the `postgres`
+    /// commit ceiling basis.
+    pub round_trip: Option<f64>,
     /// The latest failure: (what failed, cause label, unix time).
     pub last_error: Option<(&'static str, &'static str, f64)>,
 }
@@ -135,6 +142,8 @@ struct Inner {
     /// (when, syncs, sync seconds, write seconds) readings within the
     /// window.
     wal_history: VecDeque<(Instant, f64, f64, Option<f64>)>,
+    /// (when, fastest round trip) of the scrapes within the window.
+    round_trips: VecDeque<(Instant, f64)>,
 }
 
 impl ClusterState {
@@ -148,6 +157,7 @@ impl ClusterState {
                     ..Default::default()
                 },
                 wal_history: VecDeque::new(),
+                round_trips: VecDeque::new(),
             }),
         })
     }
@@ -180,6 +190,8 @@ impl ClusterState {
             i.snap.stats = None;
             Arc::make_mut(&mut i.snap.waits).pause();
             i.wal_history.clear();
+            i.round_trips.clear();
+            i.snap.round_trip = None;
             i.snap.wal_sync_mean = None;
             i.snap.wal_commit_mean = None;
             i.snap.wal_sync_share = None;
@@ -226,6 +238,19 @@ impl ClusterState {
                 i.snap.wal_commit_mean = None;
                 i.snap.wal_sync_share = None;
             }
+            if let Some(rt) = stats.round_trip {
+                i.round_trips.push_back((now, rt));
+            }
+            while i
+                .round_trips
+                .front()
+                .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+            {
+                i.round_trips.pop_front();
+            }
+            // The fastest over the window: a lower bound of every round
+            // trip, so the ceiling it goes into stays an upper bound.
+            i.snap.round_trip = i.round_trips.iter().map(|&(_, rt)| rt).reduce(f64::min);
             i.snap.up = true;
             i.snap.stats = Some(Arc::new(stats));
             i.snap.scrape_seconds = Some(seconds);
@@ -510,11 +535,13 @@ impl Session<'_> {
         scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut sample = tokio::time::interval(cfg.wait_sampling_interval);
         sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let r = views::round_trip::local(self.db).await;
+        let local = self.keep("round_trip", r)?.unwrap_or(false);
         loop {
             tokio::select! {
                 _ = scrape.tick() => {
                     let t0 = Instant::now();
-                    let stats = self.scrape_once(version).await?;
+                    let stats = self.scrape_once(version, local).await?;
                     if !*settings_warned && !stats.settings.is_empty() {
                         warn_settings(&cfg.name, &stats.settings);
                         *settings_warned = true;
@@ -586,7 +613,7 @@ impl Session<'_> {
         }
     }
 
-    async fn scrape_once(&mut self, version: u32) -> Result<PgStats, Lost> {
+    async fn scrape_once(&mut self, version: u32, local: bool) -> Result<PgStats, Lost> {
         let db = self.db;
         let want = self.cfg.collectors;
         let r = views::settings::read(db).await;
@@ -622,12 +649,19 @@ impl Session<'_> {
         let r = views::checkpoints::read(db, version).await;
         let checkpoints = self.keep("checkpoints", r)?.flatten();
         let io = io.map(|rows| views::io::strip_untimed(rows, on("track_io_timing"), wal_timing));
+        let round_trip = if local {
+            let r = views::round_trip::read(db).await;
+            self.keep("round_trip", r)?
+        } else {
+            None
+        };
         Ok(PgStats {
             settings,
             io,
             wal,
             transactions,
             checkpoints,
+            round_trip,
         })
     }
 }

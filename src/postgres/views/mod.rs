@@ -25,6 +25,7 @@ pub mod activity;
 pub mod checkpoints;
 pub mod database;
 pub mod io;
+pub mod round_trip;
 pub mod settings;
 pub mod tablespaces;
 pub mod version;
@@ -48,6 +49,7 @@ pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Resul
     database::encode(enc, clusters)?;
     checkpoints::encode(enc, clusters)?;
     wal::encode_sync_mean(enc, clusters)?;
+    round_trip::encode(enc, clusters)?;
     activity::encode(enc, clusters)?;
     tablespaces::encode(enc, clusters)
 }
@@ -72,7 +74,7 @@ fn encode_collector(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt:
     families::counter(
         enc,
         "pgstorage_pg_scrape_errors",
-        "Failed connections and queries by what failed (query: connect, settings, io, wal, database, checkpoints, waits, tablespaces) and why (cause: timeout, client_timeout, permission, undefined, auth, tls, connection, other)",
+        "Failed connections and queries by what failed (query: connect, settings, io, wal, database, checkpoints, round_trip, waits, tablespaces) and why (cause: timeout, client_timeout, permission, undefined, auth, tls, connection, other)",
         clusters.iter().flat_map(|c| {
             c.errors.iter().map(|((what, cause), n)| {
                 (

@@ -5,11 +5,11 @@ against fio, interleaved A/B, in one directory.
 Each pair runs the exporter with nothing but `--probe.path DIR` (a listen
 address, and `--collector.probes.split`, which only exposes the commit
 probe's write and sync halves as their own series: the sync half is what
-fio's sync percentiles compare with) for --daemon-seconds (60: at the default busy_every of 30 s
-that is two bursts, 24 busy commit samples and 64 busy reads, and about 60
-lone after-idle probes of each kind), reads
+fio's sync percentiles compare with) for --daemon-seconds (50: at the default busy_every of 40 s
+that is two bursts, at about 3 s and 43 s, so 24 busy commit samples and 64
+busy reads, and about 50 lone after-idle probes of each kind), reads
 pgstorage_probe_window_seconds{op, phase, quantile="0.5"} from /metrics and
-stops it (SIGTERM); and runs fio four times in the same directory:
+stops it (SIGTERM); and runs fio in the same directory:
 
   sync, back to back     --rw=write --bs=8k --ioengine=sync --fdatasync=1
                          --size=16M --overwrite=1, --fio-seconds (4); its
@@ -20,11 +20,20 @@ stops it (SIGTERM); and runs fio four times in the same directory:
                          --iodepth=1 --size=64M, total latency p50 (lat_ns
                          percentiles, else clat_ns)
   read, 1 s think time   the same with --thinktime=1s --thinktime_blocks=1
+  the exporter's pattern one run of both jobs, each with the 1 s think
+                         time, the read job starting 0.5 s after the sync
+                         job (fio_pattern): what the exporter's lone probes
+                         do, a commit and, half an interval later, a read
 
-which tool goes first alternates from pair to pair. The ratios:
+fio's back-to-back runs bracket the exporter's run (just before and just
+after it; the busy ratio takes the mean of the two), and the think-time
+runs come before that in odd pairs and after it in even ones. The ratios:
 exporter busy p50 / fio back-to-back p50 and exporter after-idle p50 / fio
-with the think time of the probe interval (1 s), for op="sync" and
-op="read", each with min, median and max over the pairs.
+doing the exporter's pattern with the think time of the probe interval
+(1 s), for op="sync" and op="read", each with min, median and max over the
+pairs; and, for comparison, after-idle p50 / fio with the think time and
+one operation alone (a whole second of quiet before each operation, where
+the exporter's lone operations follow half a second of quiet).
 
 fio's --overwrite=1 for the sync job: the exporter's WAL probe overwrites a
 preallocated, zero-written file (like a recycled WAL segment); fio's default
@@ -34,7 +43,7 @@ journal commit.
 bench/run imports this module (run_pairs, summarize, pg_test_fsync,
 exporter); run alone it prints its own table.
 
-Usage: bench/fidelity.py [--pairs 5] [--daemon-seconds 60] [--fio-seconds 4]
+Usage: bench/fidelity.py [--pairs 5] [--daemon-seconds 50] [--fio-seconds 4]
                          [--fio-idle-seconds 25] [--dir DIR] [--bin PATH]
                          [--pg-test-fsync PG_BIN_DIR]
 """
@@ -177,37 +186,108 @@ def fio(d, seconds, what, overwrite=True, thinktime=None):
             "cpu_s": (j["usr_cpu"] + j["sys_cpu"]) / 100 * j["job_runtime"] / 1000}
 
 
-FIO_ARMS = [("sync", "b2b"), ("sync", "idle"), ("read", "b2b"), ("read", "idle")]
-# (exporter op, exporter phase, fio arm) of each ratio.
-RATIOS = [("sync", "busy", ("sync", "b2b")), ("sync", "after_idle", ("sync", "idle")),
-          ("read", "busy", ("read", "b2b")), ("read", "after_idle", ("read", "idle"))]
+def fio_pattern(d, seconds, think="1s", offset="500ms"):
+    """The exporter's lone probes at its defaults, done by fio: one run of
+    two jobs, a sync job (8 KiB write + fdatasync, then `think`) and a read
+    job (8 KiB O_DIRECT random read, io_uring, QD 1, then `think`) that
+    starts `offset` later. {"sync": ..., "read": ...} as fio() returns.
+
+    Why not fio() with a think time per operation alone: the exporter's
+    lone read comes half an interval after its lone commit on the same
+    volume, and the next commit half an interval after that read, so each
+    follows half a second of quiet on the device and the vCPU, not a whole
+    second. A lone IO's cost grows with the pause before it, so fio alone
+    with a 1 s think time measures a longer pause than the exporter's
+    (both are still reported: the "idle" arms)."""
+    args = ["fio", "--directory", d, "--bs=8k", "--time_based", f"--runtime={seconds}",
+            "--output-format=json", f"--thinktime={think}", "--thinktime_blocks=1",
+            "--name=sync", "--rw=write", "--ioengine=sync", "--fdatasync=1", "--size=16M",
+            "--overwrite=1",
+            "--name=read", "--rw=randread", "--direct=1", "--ioengine=io_uring", "--iodepth=1",
+            "--size=64M", "--lat_percentiles=1", f"--startdelay={offset}"]
+    try:
+        jobs = {j["jobname"]: j for j in json.loads(sh(args))["jobs"]}
+    finally:
+        for f in os.listdir(d):
+            if f.startswith(("sync.", "read.")):
+                os.unlink(os.path.join(d, f))
+    out = {}
+    for what in ["sync", "read"]:
+        j = jobs[what]
+        lat = j[what]["lat_ns"] if "percentile" in j[what].get("lat_ns", {}) else j[what]["clat_ns"]
+        out[what] = {"p50": lat["percentile"]["50.000000"] / 1e9,
+                     "p99": lat["percentile"]["99.000000"] / 1e9,
+                     "n": lat.get("N", 0)}
+    return out
 
 
-def run_pairs(binary, d, pairs, daemon_seconds=60, fio_seconds=4, fio_idle_seconds=25,
+# (exporter op, exporter phase, fio arm) of each ratio: busy against fio
+# back to back, after idle against fio doing the exporter's pattern of lone
+# operations (fio_pattern).
+RATIOS = [("sync", "busy", ("sync", "b2b")), ("sync", "after_idle", ("sync", "pattern")),
+          ("read", "busy", ("read", "b2b")), ("read", "after_idle", ("read", "pattern"))]
+# After idle against fio with the think time and one operation alone: a
+# whole second of quiet before each operation (reported, not a goal).
+ALONE = [("sync", "after_idle", ("sync", "idle")), ("read", "after_idle", ("read", "idle"))]
+
+
+def run_pairs(binary, d, pairs, daemon_seconds=50, fio_seconds=4, fio_idle_seconds=25,
               think="1s", logdir=None):
-    """Interleaved pairs; daemon first in even pairs, fio first in odd ones.
+    """Interleaved pairs. Each pair brackets the exporter's run with fio's
+    back-to-back runs (sync and read just before it and just after it) and
+    runs fio's think-time arms (sync alone, read alone, both in the
+    exporter's pattern) before that in odd pairs and after it in even ones.
 
-    Returns [{"daemon": daemon(...), "fio": {"sync b2b": fio(...), "sync
-    idle": ..., "read b2b": ..., "read idle": ...}, "order": "df"|"fd"}]."""
+    Why bracket: the busy figure comes from two bursts of a few
+    milliseconds (at about 3 s and 43 s of a 50 s run at the default
+    busy_every),
+    and fio's back-to-back p50 on this VM drifts by 10-20 % from one minute
+    to the next. Compared with one fio run a minute or two away, a pair's
+    ratio was mostly that drift: 0.89-1.16 over pairs whose exporter had
+    120 busy samples each. The fio side of the busy ratio is the mean of
+    the runs just before and just after.
+
+    Returns [{"daemon": daemon(...), "fio": {"sync b2b": ..., "sync b2b
+    before": ..., "sync b2b after": ..., "read b2b"...: ..., "sync idle":
+    ..., "read idle": ..., "sync pattern": ..., "read pattern": ...},
+    "order": "df"|"fd"}]; "<what> b2b" holds the mean p50 and p99 of the
+    two runs and their summed operations."""
+    def b2b(got, when):
+        for what in ["sync", "read"]:
+            got["fio"][f"{what} b2b {when}"] = fio(d, fio_seconds, what)
+
+    def think_arms(got):
+        for what in ["sync", "read"]:
+            got["fio"][f"{what} idle"] = fio(d, fio_idle_seconds, what, thinktime=think)
+        for what, r in fio_pattern(d, fio_idle_seconds, think).items():
+            got["fio"][f"{what} pattern"] = r
+
     rows = []
     for i in range(pairs):
         order = "df" if i % 2 == 0 else "fd"
         got = {"order": order, "fio": {}}
-        for arm in order:
-            if arm == "d":
-                lf = os.path.join(logdir, f"exporter-fidelity-{i + 1}.log") if logdir else None
-                got["daemon"] = daemon(binary, d, daemon_seconds, lf)
-            else:
-                for what, kind in FIO_ARMS:
-                    got["fio"][f"{what} {kind}"] = fio(
-                        d, fio_seconds if kind == "b2b" else fio_idle_seconds, what,
-                        thinktime=None if kind == "b2b" else think)
+        if order == "fd":
+            think_arms(got)
+        b2b(got, "before")
+        lf = os.path.join(logdir, f"exporter-fidelity-{i + 1}.log") if logdir else None
+        got["daemon"] = daemon(binary, d, daemon_seconds, lf)
+        b2b(got, "after")
+        if order == "df":
+            think_arms(got)
+        for what in ["sync", "read"]:
+            a, b = got["fio"][f"{what} b2b before"], got["fio"][f"{what} b2b after"]
+            got["fio"][f"{what} b2b"] = {"p50": (a["p50"] + b["p50"]) / 2,
+                                         "p99": (a["p99"] + b["p99"]) / 2, "n": a["n"] + b["n"]}
         e, f = got["daemon"], got["fio"]
         parts = []
-        for op, ph, (what, kind) in RATIOS:
+        for op, ph, (what, kind) in RATIOS + ALONE:
             x, y = e[op][ph]["p50"], f[f"{what} {kind}"]["p50"]
+            extra = ""
+            if kind == "b2b":
+                extra = (f" [{f[f'{what} b2b before']['p50'] * 1e6:.1f} before, "
+                         f"{f[f'{what} b2b after']['p50'] * 1e6:.1f} after]")
             parts.append(f"{op} {ph} {x * 1e6 if x else float('nan'):.1f} us ({e[op][ph]['samples']})"
-                         f" / fio {kind} {y * 1e6:.1f} us ({f[f'{what} {kind}']['n']})"
+                         f" / fio {kind} {y * 1e6:.1f} us{extra} ({f[f'{what} {kind}']['n']})"
                          f" = {x / y if x else float('nan'):.3f}")
         log(f"  pair {i + 1} (order {order}): " + "; ".join(parts))
         rows.append(got)
@@ -218,14 +298,14 @@ def summary(ratios):
     return (min(ratios), statistics.median(ratios), max(ratios))
 
 
-def summarize(rows):
+def summarize(rows, ratios=RATIOS):
     """{(op, phase): {exporter, fio (medians of the p50s), min, median, max
     (of the per-pair ratios), pairs, samples (median exporter window
     samples), fio_n (median fio samples), fio_arm}}. A pair whose exporter
     published no such p50 is left out of that ratio (pairs says how many
     counted)."""
     out = {}
-    for op, ph, (what, kind) in RATIOS:
+    for op, ph, (what, kind) in ratios:
         arm = f"{what} {kind}"
         got = [(r["daemon"][op][ph], r["fio"][arm]) for r in rows if r["daemon"][op][ph]["p50"]]
         if not got:
@@ -288,7 +368,7 @@ def _on_signal(signum, _frame):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--daemon-seconds", type=int, default=60)
+    ap.add_argument("--daemon-seconds", type=int, default=50)
     ap.add_argument("--fio-seconds", type=int, default=4)
     ap.add_argument("--fio-idle-seconds", type=int, default=25)
     ap.add_argument("--dir")
@@ -318,8 +398,11 @@ def main():
           f"fio {a.fio_seconds} s back to back, {a.fio_idle_seconds} s with 1 s think time) in {d}")
     print(f"{'exporter p50 / fio p50':<40}{'exporter med':>14}{'fio med':>12}{'ratio min':>11}"
           f"{'median':>9}{'max':>8}")
-    for (op, ph), s in summarize(rows).items():
-        name = f"{op} {ph} / fio {'back to back' if ph == 'busy' else '1 s think time'}"
+    both = [(k, "back to back" if k[1] == "busy" else "1 s think, pattern", v)
+            for k, v in summarize(rows).items()]
+    both += [(k, "1 s think, alone", v) for k, v in summarize(rows, ALONE).items()]
+    for (op, ph), ref, s in both:
+        name = f"{op} {ph} / fio {ref}"
         if s is None:
             print(f"{name:<40}  (no exporter figure)")
             continue

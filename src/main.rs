@@ -193,7 +193,7 @@ fn run_daemon(cli: Cli) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("pgse-async")
-        .on_thread_start(daemon::lower_thread_priority)
+        .on_thread_park(daemon::lower_worker_priority)
         .enable_all()
         .build()
     {

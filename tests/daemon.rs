@@ -142,6 +142,63 @@ fn scrape_shows_every_probe_metric_and_counts_grow() {
     assert!((0.0..10.0).contains(&in_flight), "{in_flight}");
 }
 
+/// (thread name, nice value) of every thread of `pid`, from
+/// /proc/<pid>/task/<tid>/stat (field 19, after the parenthesised name).
+fn thread_nice(pid: u32) -> Vec<(String, i64)> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap();
+        let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
+        let name = stat[open + 1..close].to_string();
+        // After ") ": state is field 3, so nice (field 19) is the 17th.
+        let nice = stat[close + 2..]
+            .split(' ')
+            .nth(16)
+            .unwrap()
+            .parse()
+            .unwrap();
+        out.push((name, nice));
+    }
+    out
+}
+
+/// The probe threads keep the process's own priority while the async
+/// workers run at nice 10: a probe times the wake-up after its IO, which
+/// must not wait behind scrape encoding. A thread inherits its creator's
+/// nice value, and the probe threads are created on the runtime's
+/// blocking threads: those must not be niced either.
+#[test]
+fn probe_threads_keep_the_process_priority_and_workers_are_niced() {
+    let dir = tempfile::tempdir().unwrap();
+    let ex = start_fast(dir.path(), &[]);
+    ex.wait_for("3 commit probes", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 3.0
+    });
+    // A few scrapes, so both workers have run and parked.
+    for _ in 0..5 {
+        ex.metrics();
+    }
+    let threads = thread_nice(ex.child.id());
+    eprintln!("{threads:?}");
+    let main = threads
+        .iter()
+        .find(|(n, _)| n == "pg-storage-expo")
+        .map(|t| t.1)
+        .unwrap();
+    let probes: Vec<_> = threads
+        .iter()
+        .filter(|(n, _)| n.starts_with("probe-"))
+        .collect();
+    assert_eq!(probes.len(), 1, "{threads:?}");
+    assert!(probes.iter().all(|(_, nice)| *nice == main), "{threads:?}");
+    let workers: Vec<_> = threads.iter().filter(|(n, _)| n == "pgse-async").collect();
+    assert!(!workers.is_empty(), "{threads:?}");
+    assert!(
+        workers.iter().any(|(_, nice)| *nice == main + 10),
+        "{threads:?}"
+    );
+}
+
 #[test]
 fn forced_fallback_engine_works() {
     let dir = tempfile::tempdir().unwrap();

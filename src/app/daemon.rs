@@ -278,18 +278,32 @@ async fn shutdown_signal() {
     }
 }
 
-/// Nice value of the async runtime's threads (HTTP, collectors, scrape
-/// encoding): below the probe threads, which stay at the process's own.
+/// Nice value of the async runtime's worker threads (HTTP, collectors,
+/// scrape encoding): below the probe threads, which stay at the process's
+/// own.
 pub const RUNTIME_NICENESS: i32 = 10;
 
-/// Lowers the calling thread's CPU priority to [`RUNTIME_NICENESS`]. A probe
-/// measures latency: the time from the IO's completion to the probe
-/// thread running again is part of what it reports, so under a scrape
-/// storm on a small host the probe threads must win the CPU over scrape
-/// encoding. On Linux the nice value is per thread (setpriority(2), BUGS),
-/// so this leaves the probe threads alone. Raising it needs no privilege,
-/// so it cannot fail for lack of one.
-pub fn lower_thread_priority() {
+/// Lowers the calling worker thread's CPU priority to [`RUNTIME_NICENESS`],
+/// once. A probe measures latency: the time from the IO's completion to the
+/// probe thread running again is part of what it reports, so under a
+/// scrape storm on a small host the probe threads must win the CPU over
+/// scrape encoding. On Linux the nice value is per thread (setpriority(2),
+/// BUGS), and a new thread inherits its creator's. So this runs from the
+/// runtime's park hook, which only worker threads call, and not at thread
+/// start: the blocking pool's threads are the ones that create the probe
+/// threads (volumes are added on blocking threads), and a probe thread
+/// created by a niced thread would be niced too, with no way back without
+/// CAP_SYS_NICE. That is what happened until 2026-12-04: every probe thread
+/// ran at nice 10, and its syncs in bursts read 12-25 % slower than fio's
+/// at nice 0. Raising the value needs no privilege, so it cannot fail for
+/// lack of one.
+pub fn lower_worker_priority() {
+    thread_local! {
+        static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if LOWERED.with(|l| l.replace(true)) {
+        return;
+    }
     // PRIO_PROCESS with a thread id: on Linux that names the thread alone.
     let tid = rustix::thread::gettid();
     if let Err(e) = rustix::process::setpriority_process(Some(tid), RUNTIME_NICENESS) {

@@ -345,7 +345,11 @@ fn postgres_cluster_and_ceiling_bases_as_the_browser_shows_them() {
     // own WAL syncs are a basis.
     assert!(t.contains(&format!("{basis} ")), "{t}");
     assert!(
-        t.contains("postgres ") && t.contains("1 / PostgreSQL's own mean WAL sync time"),
+        t.contains("postgres ")
+            && t.contains(
+                "1 / (PostgreSQL's own mean WAL write + sync time per sync + the fastest \
+                 SELECT 1 round trip)"
+            ),
         "{t}"
     );
     assert_eq!(t.matches(" yes").count(), 1, "{t}");

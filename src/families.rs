@@ -82,8 +82,10 @@ pub enum Text {
 }
 
 /// Appends `v` escaped as prometheus-client escapes a label value
-/// (backslash, double quote, newline), which both formats require.
-fn push_escaped(out: &mut String, v: &str) {
+/// (backslash, double quote, newline), which both formats require. The one
+/// escaping of the families written by hand (these, the summary and the
+/// probe histograms).
+pub fn push_escaped(out: &mut String, v: &str) {
     let mut last = 0;
     for (i, b) in v.bytes().enumerate() {
         let e = match b {

@@ -16,14 +16,7 @@ const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 /// Escapes a label value (backslash, double quote, newline).
 pub fn escape(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
-    for c in v.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
+    crate::families::push_escaped(&mut out, v);
     out
 }
 

@@ -135,11 +135,18 @@ fn counter_header(text: Text, base: &str, help: &str) -> String {
     }
     let mut r = prometheus_client::registry::Registry::default();
     r.register_collector(Box::new(Header(base.to_string(), help.to_string())));
+    render(text, &r)
+}
+
+/// A registry in one text format, as a String (no OpenMetrics `# EOF`):
+/// the reference the line-by-line writers take their HELP/TYPE lines and
+/// tests from.
+pub fn render(text: Text, r: &prometheus_client::registry::Registry) -> String {
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = match text {
-        Text::Prometheus => prometheus_client::encoding::prometheus_text::encode(&mut out, &r),
-        Text::OpenMetrics => prometheus_client::encoding::text::encode_registry(&mut out, &r),
+        Text::Prometheus => prometheus_client::encoding::prometheus_text::encode(&mut out, r),
+        Text::OpenMetrics => prometheus_client::encoding::text::encode_registry(&mut out, r),
     };
     out
 }

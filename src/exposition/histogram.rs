@@ -66,13 +66,7 @@ impl Collector for Reference {
 fn reference(format: Format, rows: Reference) -> String {
     let mut r = Registry::default();
     r.register_collector(Box::new(rows));
-    let mut out = String::new();
-    // Writing into a String cannot fail.
-    let _ = match format {
-        Format::Prometheus => prometheus_client::encoding::prometheus_text::encode(&mut out, &r),
-        Format::OpenMetrics => prometheus_client::encoding::text::encode_registry(&mut out, &r),
-    };
-    out
+    crate::families::render(format.text(), &r)
 }
 
 fn rendered(format: Format) -> &'static Rendered {

@@ -60,6 +60,14 @@ impl Format {
         }
     }
 
+    /// The same format for the families written line by line.
+    pub fn text(self) -> Text {
+        match self {
+            Format::OpenMetrics => Text::OpenMetrics,
+            Format::Prometheus => Text::Prometheus,
+        }
+    }
+
     pub fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
@@ -196,7 +204,7 @@ impl Metrics {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(out, &self.registry)?;
                 prometheus_client::encoding::text::encode_registry(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, Text::OpenMetrics, &snap.clusters);
+                crate::postgres::views::io::encode_lines(out, format.text(), &snap.clusters);
                 histogram::encode(out, format, &snap.volumes, self.ops);
                 summary::encode(out, &snap.volumes, self.ops);
                 prometheus_client::encoding::text::encode_eof(out)?;
@@ -204,7 +212,7 @@ impl Metrics {
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(out, &self.registry)?;
                 prometheus_client::encoding::prometheus_text::encode(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, Text::Prometheus, &snap.clusters);
+                crate::postgres::views::io::encode_lines(out, format.text(), &snap.clusters);
                 histogram::encode(out, format, &snap.volumes, self.ops);
                 summary::encode(out, &snap.volumes, self.ops);
             }

@@ -130,13 +130,20 @@ impl NameCheck {
 }
 
 /// Device and inode: what makes two descriptors or names the same file.
+/// Fixed for the life of a descriptor, so a probe thread takes it once per
+/// held file and each name check costs one stat of the name, not two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileId {
+pub struct FileId {
     dev: u64,
     ino: u64,
 }
 
 impl FileId {
+    /// The file an open descriptor refers to.
+    pub fn of_fd(fd: impl AsFd) -> io::Result<FileId> {
+        Ok(FileId::of(&fstat(fd)?))
+    }
+
     #[allow(
         clippy::unnecessary_cast,
         reason = "the field types vary by architecture; u64 holds them all"
@@ -175,6 +182,8 @@ fn readlinkat(dir: &OwnedFd, name: &str) -> Option<PathBuf> {
 pub struct ProbeDir {
     path: PathBuf,
     dir: OwnedFd,
+    /// The directory's identity when it was opened, for [`Self::at_path`].
+    id: FileId,
     _lock: OwnedFd,
     created: bool,
     closed: AtomicBool,
@@ -288,6 +297,10 @@ impl ProbeDir {
         Ok(ProbeDir {
             path: path.to_path_buf(),
             dir,
+            id: FileId {
+                dev: meta.dev(),
+                ino: meta.ino(),
+            },
             _lock: OwnedFd::from(lock_file),
             created,
             closed: AtomicBool::new(false),
@@ -356,8 +369,7 @@ impl ProbeDir {
     /// closes, so a probe thread would keep probing a file nobody can see
     /// (holding its space) and never notice a file put in its place. Only
     /// comparing the name's inode with the descriptor's tells.
-    pub fn check_name(&self, name: &str, held: &File) -> io::Result<NameCheck> {
-        let held = FileId::of(&fstat(held)?);
+    pub fn check_name(&self, name: &str, held: FileId) -> io::Result<NameCheck> {
         match lstatat(&self.dir, name) {
             Ok(st) if FileId::of(&st) == held => Ok(NameCheck::Same),
             Ok(_) => Ok(NameCheck::Replaced),
@@ -369,12 +381,11 @@ impl ProbeDir {
     /// Whether the configured path still names this directory (not removed,
     /// renamed or replaced since it was opened).
     pub fn at_path(&self) -> io::Result<bool> {
-        let held = FileId::of(&fstat(&self.dir)?);
         match std::fs::symlink_metadata(&self.path) {
             Ok(m) => Ok(FileId {
                 dev: m.dev(),
                 ino: m.ino(),
-            } == held),
+            } == self.id),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
             Err(e) => Err(e),
         }
@@ -767,7 +778,10 @@ mod tests {
         let w = pd
             .create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
             .unwrap();
-        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Same);
+        assert_eq!(
+            pd.check_name(WAL_FILE, FileId::of_fd(&w).unwrap()).unwrap(),
+            NameCheck::Same
+        );
         assert!(pd.at_path().unwrap());
 
         // Renamed over by a symlink: the descriptor still works, on an
@@ -776,11 +790,17 @@ mod tests {
         std::fs::write(&victim, b"precious").unwrap();
         std::os::unix::fs::symlink(&victim, p.join("planted")).unwrap();
         std::fs::rename(p.join("planted"), p.join(WAL_FILE)).unwrap();
-        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Replaced);
+        assert_eq!(
+            pd.check_name(WAL_FILE, FileId::of_fd(&w).unwrap()).unwrap(),
+            NameCheck::Replaced
+        );
         assert_eq!(NameCheck::Replaced.label(), "replaced");
 
         std::fs::remove_file(p.join(WAL_FILE)).unwrap();
-        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Removed);
+        assert_eq!(
+            pd.check_name(WAL_FILE, FileId::of_fd(&w).unwrap()).unwrap(),
+            NameCheck::Removed
+        );
         assert_eq!(NameCheck::Removed.label(), "removed");
 
         // A new setup of the same directory: clear() makes room (the read
@@ -791,12 +811,18 @@ mod tests {
         let w = pd
             .create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
             .unwrap();
-        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Same);
+        assert_eq!(
+            pd.check_name(WAL_FILE, FileId::of_fd(&w).unwrap()).unwrap(),
+            NameCheck::Same
+        );
 
         // The directory moved away: names in it still match, the path does not.
         std::fs::rename(&p, tmp.path().join("moved")).unwrap();
         assert!(!pd.at_path().unwrap());
-        assert_eq!(pd.check_name(WAL_FILE, &w).unwrap(), NameCheck::Same);
+        assert_eq!(
+            pd.check_name(WAL_FILE, FileId::of_fd(&w).unwrap()).unwrap(),
+            NameCheck::Same
+        );
         assert!(pd.remove_all().is_empty());
         assert_eq!(
             std::fs::read_dir(tmp.path().join("moved")).unwrap().count(),

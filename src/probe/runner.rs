@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
 use crate::probe::engine::Engine;
-use crate::probe::files::{NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
+use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
 use crate::probe::state::VolumeState;
 use crate::probe::{Cause, IoFailure, Rng};
@@ -102,6 +102,10 @@ struct Prepared {
     dir: Arc<ProbeDir>,
     wal: Option<File>,
     read: Option<File>,
+    /// What the held files are, taken once: the periodic name check then
+    /// stats only the names.
+    wal_id: Option<FileId>,
+    read_id: Option<FileId>,
 }
 
 const SETUP_BACKOFF_START: Duration = Duration::from_secs(5);
@@ -312,13 +316,13 @@ impl Runner {
             }
         }
         let held = [
-            (Op::Commit, WAL_FILE, p.wal.as_ref()),
-            (Op::Read, READ_FILE, p.read.as_ref()),
+            (Op::Commit, WAL_FILE, p.wal_id),
+            (Op::Read, READ_FILE, p.read_id),
         ];
         let mut changed = Vec::new();
-        for (op, name, file) in held {
-            let Some(f) = file else { continue };
-            match p.dir.check_name(name, f) {
+        for (op, name, id) in held {
+            let Some(id) = id else { continue };
+            match p.dir.check_name(name, id) {
                 Ok(NameCheck::Same) => {}
                 Ok(c) => changed.push((op, name, c)),
                 Err(e) => {
@@ -413,11 +417,25 @@ impl Runner {
         } else {
             None
         };
+        let id = |f: &Option<File>, name: &str| -> Result<Option<FileId>, SetupError> {
+            f.as_ref()
+                .map(|f| {
+                    FileId::of_fd(f).map_err(|source| SetupError::Io {
+                        what: "stat of",
+                        path: dir.path().join(name),
+                        source,
+                    })
+                })
+                .transpose()
+        };
+        let (wal_id, read_id) = (id(&wal, WAL_FILE)?, id(&read, READ_FILE)?);
         Ok(Prepared {
             engine,
             dir,
             wal,
             read,
+            wal_id,
+            read_id,
         })
     }
 
@@ -469,15 +487,15 @@ impl Runner {
             Ok(t) => {
                 self.state.count_commit_probe();
                 if let Some(phase) = phase {
-                    let rec = |op: Op, d: Duration| {
-                        let s = d.as_secs_f64();
-                        self.state.record(op, phase, at, s);
-                    };
-                    rec(Op::Write, t.write);
+                    let mut samples = [(Op::Write, t.write.as_secs_f64()); 3];
+                    let mut n = 1;
                     if let Some(s) = t.sync {
-                        rec(Op::Sync, s);
+                        samples[n] = (Op::Sync, s.as_secs_f64());
+                        n += 1;
                     }
-                    rec(Op::Commit, t.commit);
+                    samples[n] = (Op::Commit, t.commit.as_secs_f64());
+                    n += 1;
+                    self.state.record_all(phase, at, &samples[..n]);
                 }
                 self.succeeded(Op::Commit);
                 true
@@ -579,6 +597,10 @@ impl Runner {
     /// Ends a run of failures with one line, so the log shows when a fault
     /// cleared and not only when it began.
     fn succeeded(&mut self, op: Op) {
+        // The common case, nothing failing: no clock read, no lookup.
+        if self.incidents.failing().next().is_none() {
+            return;
+        }
         if let Some((failures, lasted)) =
             self.incidents.succeeded(Self::incident(op), Instant::now())
         {

@@ -210,14 +210,23 @@ impl VolumeState {
     /// exactly, instead of differing by a sample recorded between the two
     /// reads.
     pub fn record(&self, op: Op, phase: Phase, at: Instant, seconds: f64) {
+        self.record_all(phase, at, &[(op, seconds)]);
+    }
+
+    /// [`Self::record`] for all the samples of one probe (a commit's write,
+    /// sync and commit) under one taking of the locks: the probe thread
+    /// comes back to them cold after each pause.
+    pub fn record_all(&self, phase: Phase, at: Instant, samples: &[(Op, f64)]) {
         if let Ok(mut w) = self.windows.lock() {
-            self.counts.observe(op, phase, seconds);
-            let i = series(op, phase);
-            if let Some(win) = w.window.get_mut(i) {
-                win.push(at, seconds);
+            self.counts.observe_all(phase, samples);
+            for &(op, seconds) in samples {
+                let i = series(op, phase);
+                if let Some(win) = w.window.get_mut(i) {
+                    win.push(at, seconds);
+                }
+                w.count[i] += 1;
+                w.sum[i] += seconds;
             }
-            w.count[i] += 1;
-            w.sum[i] += seconds;
         }
     }
 

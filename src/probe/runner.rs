@@ -110,11 +110,15 @@ struct Prepared {
 
 const SETUP_BACKOFF_START: Duration = Duration::from_secs(5);
 const SETUP_BACKOFF_MAX: Duration = Duration::from_secs(300);
-/// How often the held probe files are compared with their names. Two stat
-/// calls, no data IO; a few seconds bounds how long a replaced or deleted
-/// file goes unnoticed without adding metadata traffic (a GETATTR on NFS)
-/// to every probe.
+/// How often the held probe files are compared with their names. One stat
+/// per file, no data IO; a few seconds bounds how long a replaced or
+/// deleted file goes unnoticed without adding metadata traffic (a GETATTR
+/// on NFS) to every probe.
 const NAME_CHECK_EVERY: Duration = Duration::from_secs(5);
+/// How often the directory's path is looked up even though every name
+/// matched: only a directory moved away whole goes unnoticed in between,
+/// and the files in it keep measuring the same filesystem.
+const PATH_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// What the periodic name check found.
 enum Files {
@@ -133,6 +137,7 @@ impl Runner {
             return;
         };
         let mut next_check = Instant::now() + NAME_CHECK_EVERY;
+        let mut next_path_check = Instant::now() + PATH_CHECK_EVERY;
         // Once the directory is gone, checking names in it is pointless.
         let mut dir_gone = false;
         tracing::info!(
@@ -219,8 +224,13 @@ impl Runner {
                 next = Instant::now();
             }
             if !dir_gone && Instant::now() >= next_check {
-                next_check = Instant::now() + NAME_CHECK_EVERY;
-                match self.check_files(&p) {
+                let now = Instant::now();
+                next_check = now + NAME_CHECK_EVERY;
+                let path_too = now >= next_path_check;
+                if path_too {
+                    next_path_check = now + PATH_CHECK_EVERY;
+                }
+                match self.check_files(&p, path_too) {
                     Files::Intact => {}
                     Files::DirGone => {
                         dir_gone = true;
@@ -303,18 +313,16 @@ impl Runner {
         ops
     }
 
-    /// Compares the held probe files with what their names refer to now. A
-    /// failing stat (the filesystem itself failing) proves nothing about
-    /// the names: the probes' own errors report that.
-    fn check_files(&self, p: &Prepared) -> Files {
-        match p.dir.at_path() {
-            Ok(false) => return Files::DirGone,
-            Ok(true) => {}
-            Err(e) => {
-                tracing::debug!(volume = %self.cfg.name, error = %e, "cannot check the probe directory");
-                return Files::Intact;
-            }
-        }
+    /// Compares the held probe files with what their names refer to now,
+    /// and, when a name changed or `path_too`, whether the directory is
+    /// still at its path. The names come first because they cost one stat
+    /// each against the held directory; the path is a lookup of every
+    /// component. A deleted directory shows in the names (gone with it);
+    /// only a directory moved whole with its files needs the path, and that
+    /// changes no figure, so it is looked at less often. A failing stat
+    /// (the filesystem itself failing) proves nothing about the names: the
+    /// probes' own errors report that.
+    fn check_files(&self, p: &Prepared, path_too: bool) -> Files {
         let held = [
             (Op::Commit, WAL_FILE, p.wal_id),
             (Op::Read, READ_FILE, p.read_id),
@@ -327,6 +335,15 @@ impl Runner {
                 Ok(c) => changed.push((op, name, c)),
                 Err(e) => {
                     tracing::debug!(volume = %self.cfg.name, file = name, error = %e, "cannot check probe file");
+                }
+            }
+        }
+        if path_too || !changed.is_empty() {
+            match p.dir.at_path() {
+                Ok(false) => return Files::DirGone,
+                Ok(true) => {}
+                Err(e) => {
+                    tracing::debug!(volume = %self.cfg.name, error = %e, "cannot check the probe directory");
                 }
             }
         }

@@ -92,8 +92,9 @@ pub struct Cli {
 
     /// Time between bursts for the busy figure, for --probe.path volumes; 0s
     /// turns bursts off (default: 40s, or [defaults].busy_every of
-    /// --config.file). Each burst is 24 back-to-back commit probes and 64
-    /// reads; the second half of each is the busy figure.
+    /// --config.file). Each burst is 24 back-to-back commit probes, the last
+    /// 12 recorded as the busy figure, then 32 warm-up reads and the reads
+    /// of an 8 ms span, recorded.
     #[arg(long = "probe.busy-every", value_parser = parse_duration, value_name = "DURATION")]
     pub busy_every: Option<Duration>,
 

@@ -17,7 +17,8 @@ use thiserror::Error;
 use crate::limits::LimitsSettings;
 use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{
-    Knob, MAX_WINDOW_SAMPLES, PROBE_DIR_NAME, ProbeSettings, VolumeSpec, window_samples,
+    BURST_READS, Knob, MAX_WINDOW_SAMPLES, PROBE_DIR_NAME, ProbeSettings, VolumeSpec,
+    window_samples,
 };
 use crate::types::{Collector, Collectors, EngineChoice, Resource, SyncMethod};
 use raw::{RawConfig, RawVolume, RawVolumeDefaults, Sp};
@@ -338,9 +339,10 @@ pub fn build(
                 origin,
                 "window",
                 format!(
-                    "a {:?} window at a {:?} interval keeps {samples:.0} samples per op on volume {:?}; \
-                     the maximum is {MAX_WINDOW_SAMPLES}: shorten the window or lengthen the interval",
-                    window, v.probe.interval, v.name
+                    "a {:?} window at a {:?} interval and a {:?} busy_every keeps up to {samples:.0} samples \
+                     per op on volume {:?}; the maximum is {MAX_WINDOW_SAMPLES}: shorten the window, or \
+                     lengthen the interval or busy_every (a burst records up to {} reads)",
+                    window, v.probe.interval, v.probe.busy_every, v.name, BURST_READS.max
                 ),
             ));
         }
@@ -356,9 +358,10 @@ pub fn build(
                 at(raw.window.as_ref().map(|w| w.span())),
                 "window",
                 format!(
-                    "a {window:?} window at the discovered volumes' {:?} interval keeps {samples:.0} samples per op; \
-                     the maximum is {MAX_WINDOW_SAMPLES}: shorten the window or lengthen the interval",
-                    volume_defaults.interval
+                    "a {window:?} window at the discovered volumes' {:?} interval and {:?} busy_every keeps up to \
+                     {samples:.0} samples per op; the maximum is {MAX_WINDOW_SAMPLES}: shorten the window, or \
+                     lengthen the interval or busy_every (a burst records up to {} reads)",
+                    volume_defaults.interval, volume_defaults.busy_every, BURST_READS.max
                 ),
             ));
         }

@@ -105,7 +105,15 @@ fn error_messages_table() {
         ),
         (
             format!("window = \"24h\"\n{}", vol("interval = \"10ms\"")),
-            vec!["window: a 86400s window at a 10ms interval keeps 8640000 samples per op"],
+            vec![
+                "window: a 86400s window at a 10ms interval and a 40s busy_every keeps up to 8640000 samples per op",
+            ],
+        ),
+        (
+            format!("window = \"1h\"\n{}", vol("busy_every = \"10s\"")),
+            vec![
+                "window: a 3600s window at a 1s interval and a 10s busy_every keeps up to 184320 samples per op",
+            ],
         ),
         (
             "[[volume]]\nname = \"v\"\n".to_string(),

@@ -93,7 +93,8 @@ pub fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64) -> Str
          <p>How fast PostgreSQL can commit and read on each volume right now, and what caps it. \
          Figures are over the sliding window; <a href=\"{path}\">{path}</a> has them as metrics, \
          <a href=\"/healthz\">/healthz</a> answers liveness.</p>\
-         <p>Busy: the second half of each burst of back-to-back probes, what an IO costs while \
+         <p>Busy: the recorded part of each burst of back-to-back probes (the second half of its \
+         commits, its reads over an 8 ms span after a warm-up), what an IO costs while \
          the storage is busy. After idle: the lone probe of each interval, what an IO costs \
          after a pause.</p>",
         version = env!("CARGO_PKG_VERSION"),

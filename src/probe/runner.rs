@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
+use crate::model::pacing::BurstRead;
 use crate::probe::engine::Engine;
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
@@ -457,9 +458,10 @@ impl Runner {
     }
 
     /// A burst of back-to-back probes: [`BURST_COMMITS`] commits, then
-    /// [`BURST_READS`] reads. The first half of each warms the device path
-    /// up and is not recorded; the second half is the busy figure. A failed
-    /// probe ends the burst: a failing device is not hammered.
+    /// reads as [`BURST_READS`] says. The first half of the commits and the
+    /// first reads warm the device path up and are not recorded; the rest
+    /// is the busy figure. A failed probe ends the burst: a failing device
+    /// is not hammered.
     fn burst(&mut self, p: &mut Prepared, wal_block: &mut u64, read_blocks: u64) {
         if let Some(wal) = &p.wal {
             for i in 0..BURST_COMMITS {
@@ -472,8 +474,19 @@ impl Runner {
             }
         }
         if let Some(read) = &p.read {
-            for i in 0..BURST_READS {
-                let phase = (i >= BURST_READS / 2).then_some(Phase::Busy);
+            let (mut done, mut recorded, mut since) = (0, 0, None::<Instant>);
+            loop {
+                let recording_for = since.map_or(Duration::ZERO, |t| t.elapsed());
+                let phase = match BURST_READS.next(done, recorded, recording_for) {
+                    BurstRead::Done => return,
+                    BurstRead::WarmUp => None,
+                    BurstRead::Record => {
+                        since.get_or_insert_with(Instant::now);
+                        recorded += 1;
+                        Some(Phase::Busy)
+                    }
+                };
+                done += 1;
                 let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
                 if self.stop.is_stopped() || !self.read_probe(&mut p.engine, read, offset, phase) {
                     return;

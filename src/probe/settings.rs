@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::model::pacing::ReadBurstPlan;
 use crate::types::{EngineChoice, SyncMethod};
 use crate::units::{fmt_bytes, fmt_duration};
 
@@ -28,9 +29,18 @@ pub const MAX_WINDOW_SAMPLES: u64 = 100_000;
 /// pause took about 530, 190, 170, 140, 130 µs, and reached the back-to-back
 /// figure (±10 %) only after about eight.
 pub const BURST_COMMITS: u32 = 24;
-/// Read probes in one burst, after its commits. Reads cost no device
-/// write, and need longer to converge (about 30 reads on the build machine).
-pub const BURST_READS: u32 = 64;
+/// How a burst's reads, after its commits, are recorded: 32 warm-up reads
+/// (reads need longer to converge than commits: about 30 on the build
+/// machine), then every read that starts within 8 ms of the first recorded
+/// one, at least 16 (a slow disk) and at most 512 (a cache). Reads cost no
+/// device write. At the build machine's 70-110 µs that is 70-115 recorded
+/// reads per burst; why a span and not a count: [`ReadBurstPlan`].
+pub const BURST_READS: ReadBurstPlan = ReadBurstPlan {
+    warm_up: 32,
+    span: Duration::from_millis(8),
+    min: 16,
+    max: 512,
+};
 
 /// The per-volume probe knobs, with their defaults in [`Default`].
 #[derive(Debug, Clone, PartialEq)]
@@ -401,14 +411,14 @@ impl Knob {
 }
 
 /// The most samples one (op, phase) window holds: the lone probes' or, for
-/// the busy phase, the recorded half of each burst's reads.
+/// the busy phase, the most reads each burst can record.
 pub fn window_samples(window: Duration, interval: Duration, busy_every: Duration) -> f64 {
     let w = window.as_secs_f64();
     let lone = w / interval.as_secs_f64().max(1e-9);
     let busy = if busy_every.is_zero() {
         0.0
     } else {
-        w / busy_every.as_secs_f64() * f64::from(BURST_READS / 2)
+        w / busy_every.as_secs_f64() * f64::from(BURST_READS.max)
     };
     lone.max(busy)
 }

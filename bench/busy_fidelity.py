@@ -8,8 +8,8 @@ Run as root from anywhere, after `cargo build --release`:
     bench/busy_fidelity.py [PAIRS]        # default 5; about 2 minutes a pair
 
 Per pair, in one directory (/var/tmp/fid), order alternating: the exporter
-with only --probe.path for 65 s (two bursts: 24 busy commit and 64 busy
-read samples, about 60 lone ones), its window p50s read from /metrics; then
+with only --probe.path for 65 s (two bursts: 24 busy commit samples and
+the reads of two 8 ms spans, about 150; about 60 lone ones), its window p50s read from /metrics; then
 fio: write + fdatasync back to back (4 s, sync p50) and with --thinktime=1s
 (25 s), 8 KiB O_DIRECT random reads with io_uring at QD 1 back to back (4 s)
 and with --thinktime=1s (25 s), total-latency p50s. Prints each pair and the

@@ -342,7 +342,11 @@ pub fn build(
                     "a {:?} window at a {:?} interval and a {:?} busy_every keeps up to {samples:.0} samples \
                      per op on volume {:?}; the maximum is {MAX_WINDOW_SAMPLES}: shorten the window, or \
                      lengthen the interval or busy_every (a burst records up to {} reads)",
-                    window, v.probe.interval, v.probe.busy_every, v.name, BURST_READS.max
+                    window,
+                    v.probe.interval,
+                    v.probe.busy_every,
+                    v.name,
+                    BURST_READS.most_recorded()
                 ),
             ));
         }
@@ -361,7 +365,9 @@ pub fn build(
                     "a {window:?} window at the discovered volumes' {:?} interval and {:?} busy_every keeps up to \
                      {samples:.0} samples per op; the maximum is {MAX_WINDOW_SAMPLES}: shorten the window, or \
                      lengthen the interval or busy_every (a burst records up to {} reads)",
-                    volume_defaults.interval, volume_defaults.busy_every, BURST_READS.max
+                    volume_defaults.interval,
+                    volume_defaults.busy_every,
+                    BURST_READS.most_recorded()
                 ),
             ));
         }

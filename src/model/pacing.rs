@@ -95,24 +95,58 @@ pub struct ReadBurstPlan {
 }
 
 impl ReadBurstPlan {
-    /// The most reads one burst does.
-    pub fn most_reads(&self) -> u32 {
-        self.warm_up + self.max.max(self.min)
+    /// The most reads one burst records.
+    pub fn most_recorded(&self) -> u32 {
+        self.max.max(self.min)
+    }
+}
+
+/// One burst's way through a [`ReadBurstPlan`]: the reads done and
+/// recorded so far, and when the first recorded one started.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadBurst {
+    plan: ReadBurstPlan,
+    done: u32,
+    recorded: u32,
+    first_recorded_at: Option<Duration>,
+}
+
+impl ReadBurst {
+    pub fn new(plan: ReadBurstPlan) -> ReadBurst {
+        ReadBurst {
+            plan,
+            done: 0,
+            recorded: 0,
+            first_recorded_at: None,
+        }
     }
 
-    /// The next read of a burst that has done `done` reads, `recorded` of
-    /// them recorded, the first recorded one having started `recording_for`
-    /// ago (zero before it).
-    pub fn next(&self, done: u32, recorded: u32, recording_for: Duration) -> BurstRead {
-        if done < self.warm_up {
+    /// What the next read, about to start `elapsed` into the burst, is
+    /// for; counted as done (and recorded) unless the burst is over.
+    pub fn next(&mut self, elapsed: Duration) -> BurstRead {
+        let plan = &self.plan;
+        let recording_for = self
+            .first_recorded_at
+            .map_or(Duration::ZERO, |t| elapsed.saturating_sub(t));
+        let step = if self.done < plan.warm_up {
             BurstRead::WarmUp
-        } else if recorded < self.min
-            || (recorded < self.max && (recorded == 0 || recording_for < self.span))
+        } else if self.recorded < plan.min
+            || (self.recorded < plan.max && (self.recorded == 0 || recording_for < plan.span))
         {
             BurstRead::Record
         } else {
             BurstRead::Done
+        };
+        match step {
+            BurstRead::WarmUp => self.done += 1,
+            BurstRead::Record => {
+                self.first_recorded_at.get_or_insert(elapsed);
+                self.done += 1;
+                self.recorded += 1;
+            }
+            BurstRead::Done => {}
         }
+        step
     }
 }
 
@@ -200,21 +234,12 @@ mod tests {
     /// Runs a burst of reads that each take `lat` (µs) to its end: (reads
     /// done, reads recorded).
     fn burst_of(plan: &ReadBurstPlan, lat: impl Fn(u32) -> u64) -> (u32, u32) {
-        let (mut done, mut recorded, mut since) = (0, 0, None::<u64>);
+        let mut b = ReadBurst::new(*plan);
         let mut now = 0;
-        loop {
-            let rec_for = since.map_or(Duration::ZERO, |s| Duration::from_micros(now - s));
-            match plan.next(done, recorded, rec_for) {
-                BurstRead::Done => return (done, recorded),
-                BurstRead::WarmUp => {}
-                BurstRead::Record => {
-                    since.get_or_insert(now);
-                    recorded += 1;
-                }
-            }
-            now += lat(done);
-            done += 1;
+        while b.next(Duration::from_micros(now)) != BurstRead::Done {
+            now += lat(b.done - 1);
         }
+        (b.done, b.recorded)
     }
 
     #[test]
@@ -229,7 +254,7 @@ mod tests {
         assert_eq!(burst_of(&PLAN, |_| 3000), (48, 16));
         // A 2 µs device (a cache) stops at the ceiling.
         assert_eq!(burst_of(&PLAN, |_| 2), (544, 512));
-        assert_eq!(PLAN.most_reads(), 544);
+        assert_eq!(PLAN.most_recorded(), 512);
         // Slow warm-up reads do not shorten the span: it starts with the
         // first recorded read.
         assert_eq!(

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
-use crate::model::pacing::BurstRead;
+use crate::model::pacing::{BurstRead, ReadBurst};
 use crate::probe::engine::Engine;
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
@@ -474,19 +474,14 @@ impl Runner {
             }
         }
         if let Some(read) = &p.read {
-            let (mut done, mut recorded, mut since) = (0, 0, None::<Instant>);
+            let start = Instant::now();
+            let mut reads = ReadBurst::new(BURST_READS);
             loop {
-                let recording_for = since.map_or(Duration::ZERO, |t| t.elapsed());
-                let phase = match BURST_READS.next(done, recorded, recording_for) {
+                let phase = match reads.next(start.elapsed()) {
                     BurstRead::Done => return,
                     BurstRead::WarmUp => None,
-                    BurstRead::Record => {
-                        since.get_or_insert_with(Instant::now);
-                        recorded += 1;
-                        Some(Phase::Busy)
-                    }
+                    BurstRead::Record => Some(Phase::Busy),
                 };
-                done += 1;
                 let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
                 if self.stop.is_stopped() || !self.read_probe(&mut p.engine, read, offset, phase) {
                     return;

@@ -418,7 +418,7 @@ pub fn window_samples(window: Duration, interval: Duration, busy_every: Duration
     let busy = if busy_every.is_zero() {
         0.0
     } else {
-        w / busy_every.as_secs_f64() * f64::from(BURST_READS.max)
+        w / busy_every.as_secs_f64() * f64::from(BURST_READS.most_recorded())
     };
     lone.max(busy)
 }

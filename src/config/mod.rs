@@ -333,44 +333,22 @@ pub fn build(
                 ),
             ));
         }
-        let samples = window_samples(window, v.probe.interval, v.probe.busy_every);
-        if samples > MAX_WINDOW_SAMPLES as f64 {
-            return Err(invalid(
-                origin,
-                "window",
-                format!(
-                    "a {:?} window at a {:?} interval and a {:?} busy_every keeps up to {samples:.0} samples \
-                     per op on volume {:?}; the maximum is {MAX_WINDOW_SAMPLES}: shorten the window, or \
-                     lengthen the interval or busy_every (a burst records up to {} reads)",
-                    window,
-                    v.probe.interval,
-                    v.probe.busy_every,
-                    v.name,
-                    BURST_READS.most_recorded()
-                ),
-            ));
+        if let Some(why) = window_too_big(window, &v.probe, &format!("on volume {:?}", v.name)) {
+            return Err(invalid(origin, "window", why));
         }
     }
 
     // Discovered volumes take [defaults], then the --probe.* flags, like
     // --probe.path volumes (their sync method follows the cluster instead).
     let volume_defaults = flagged;
-    if !clusters.is_empty() {
-        let samples = window_samples(window, volume_defaults.interval, volume_defaults.busy_every);
-        if samples > MAX_WINDOW_SAMPLES as f64 {
-            return Err(invalid(
-                at(raw.window.as_ref().map(|w| w.span())),
-                "window",
-                format!(
-                    "a {window:?} window at the discovered volumes' {:?} interval and {:?} busy_every keeps up to \
-                     {samples:.0} samples per op; the maximum is {MAX_WINDOW_SAMPLES}: shorten the window, or \
-                     lengthen the interval or busy_every (a burst records up to {} reads)",
-                    volume_defaults.interval,
-                    volume_defaults.busy_every,
-                    BURST_READS.most_recorded()
-                ),
-            ));
-        }
+    if !clusters.is_empty()
+        && let Some(why) = window_too_big(window, &volume_defaults, "on the discovered volumes")
+    {
+        return Err(invalid(
+            at(raw.window.as_ref().map(|w| w.span())),
+            "window",
+            why,
+        ));
     }
     let limits = LimitsSettings {
         interval: top(
@@ -460,6 +438,22 @@ pub fn build(
 
 /// Cluster names label every PostgreSQL series and prefix discovered
 /// volume names (`<cluster>/wal`): same rules as volume names, minus `/`.
+/// Why `window` would hold too many samples per op at these probe settings
+/// (`whose`: which volumes, for the message), or `None` when it fits.
+fn window_too_big(window: Duration, probe: &ProbeSettings, whose: &str) -> Option<String> {
+    let samples = window_samples(window, probe.interval, probe.busy_every);
+    (samples > MAX_WINDOW_SAMPLES as f64).then(|| {
+        format!(
+            "a {window:?} window at a {:?} interval and a {:?} busy_every keeps up to {samples:.0} samples \
+             per op {whose}; the maximum is {MAX_WINDOW_SAMPLES}: shorten the window, or lengthen the \
+             interval or busy_every (a burst records up to {} reads)",
+            probe.interval,
+            probe.busy_every,
+            BURST_READS.most_recorded()
+        )
+    })
+}
+
 pub fn validate_cluster_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 48 {
         return Err(format!(

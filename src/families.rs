@@ -72,13 +72,31 @@ pub fn histogram<L: EncodeLabelSet>(
     Ok(())
 }
 
-/// The two text formats, for the families written line by line.
+/// Wire format of a scrape, for the registry and the families written line
+/// by line alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Text {
-    /// `text/plain; version=0.0.4`.
-    Prometheus,
-    /// `application/openmetrics-text; version=1.0.0`.
+pub enum Format {
+    /// `application/openmetrics-text; version=1.0.0` (what Prometheus asks for).
     OpenMetrics,
+    /// `text/plain; version=0.0.4` (curl, older scrapers).
+    Prometheus,
+}
+
+impl Format {
+    /// Picks the format from an HTTP `Accept` header.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        match accept {
+            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
+            _ => Format::Prometheus,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        }
+    }
 }
 
 /// Appends `v` escaped as prometheus-client escapes a label value
@@ -120,7 +138,7 @@ pub fn label_text(pairs: &[(&str, &str)]) -> String {
 
 /// The HELP and TYPE lines prometheus-client writes for a counter family
 /// in one format (a render of the family with no sample).
-fn counter_header(text: Text, base: &str, help: &str) -> String {
+fn counter_header(format: Format, base: &str, help: &str) -> String {
     #[derive(Debug)]
     struct Header(String, String);
     impl prometheus_client::collector::Collector for Header {
@@ -135,18 +153,18 @@ fn counter_header(text: Text, base: &str, help: &str) -> String {
     }
     let mut r = prometheus_client::registry::Registry::default();
     r.register_collector(Box::new(Header(base.to_string(), help.to_string())));
-    render(text, &r)
+    render(format, &r)
 }
 
 /// A registry in one text format, as a String (no OpenMetrics `# EOF`):
 /// the reference the line-by-line writers take their HELP/TYPE lines and
 /// tests from.
-pub fn render(text: Text, r: &prometheus_client::registry::Registry) -> String {
+pub fn render(format: Format, r: &prometheus_client::registry::Registry) -> String {
     let mut out = String::new();
     // Writing into a String cannot fail.
-    let _ = match text {
-        Text::Prometheus => prometheus_client::encoding::prometheus_text::encode(&mut out, r),
-        Text::OpenMetrics => prometheus_client::encoding::text::encode_registry(&mut out, r),
+    let _ = match format {
+        Format::Prometheus => prometheus_client::encoding::prometheus_text::encode(&mut out, r),
+        Format::OpenMetrics => prometheus_client::encoding::text::encode_registry(&mut out, r),
     };
     out
 }
@@ -167,12 +185,12 @@ pub fn render(text: Text, r: &prometheus_client::registry::Registry) -> String {
 /// pairs, value); an empty family still gets its HELP and TYPE.
 pub fn counter_lines<'a, const M: usize>(
     out: &mut String,
-    text: Text,
+    format: Format,
     base: &str,
     help: &str,
     samples: impl IntoIterator<Item = (&'a str, [(&'a str, &'a str); M], f64)>,
 ) {
-    out.push_str(&counter_header(text, base, help));
+    out.push_str(&counter_header(format, base, help));
     let mut floats = dtoa::Buffer::new();
     for (row, own, v) in samples {
         out.push_str(base);
@@ -189,12 +207,12 @@ pub fn counter_lines<'a, const M: usize>(
         }
         out.push_str("} ");
         // As prometheus-client writes a counter's f64 in each format.
-        match text {
-            Text::OpenMetrics => out.push_str(floats.format(v)),
-            Text::Prometheus if v.is_finite() => out.push_str(floats.format_finite(v)),
-            Text::Prometheus if v.is_nan() => out.push_str("NaN"),
-            Text::Prometheus if v > 0.0 => out.push_str("+Inf"),
-            Text::Prometheus => out.push_str("-Inf"),
+        match format {
+            Format::OpenMetrics => out.push_str(floats.format(v)),
+            Format::Prometheus if v.is_finite() => out.push_str(floats.format_finite(v)),
+            Format::Prometheus if v.is_nan() => out.push_str("NaN"),
+            Format::Prometheus if v > 0.0 => out.push_str("+Inf"),
+            Format::Prometheus => out.push_str("-Inf"),
         }
         out.push('\n');
     }
@@ -308,13 +326,13 @@ mod tests {
         }
         let mut r = Registry::default();
         r.register_collector(Box::new(Ref(rows.clone())));
-        for text in [Text::Prometheus, Text::OpenMetrics] {
+        for text in [Format::Prometheus, Format::OpenMetrics] {
             let mut want = String::new();
             match text {
-                Text::Prometheus => {
+                Format::Prometheus => {
                     prometheus_client::encoding::prometheus_text::encode(&mut want, &r).unwrap()
                 }
-                Text::OpenMetrics => {
+                Format::OpenMetrics => {
                     prometheus_client::encoding::text::encode_registry(&mut want, &r).unwrap()
                 }
             }

@@ -67,7 +67,7 @@ impl Collector for Reference {
 fn reference(format: Format, rows: Reference) -> String {
     let mut r = Registry::default();
     r.register_collector(Box::new(rows));
-    crate::families::render(format.text(), &r)
+    crate::families::render(format, &r)
 }
 
 fn rendered(format: Format) -> &'static Rendered {

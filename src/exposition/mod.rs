@@ -33,7 +33,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use crate::families::Text;
+pub use crate::families::Format;
 use crate::limits::{LimitsSnapshot, LimitsState};
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
@@ -41,40 +41,6 @@ use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Collectors, Op};
 
 pub const PREFIX: &str = "pgstorage";
-
-/// Wire format of a scrape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    /// `application/openmetrics-text; version=1.0.0` (what Prometheus asks for).
-    OpenMetrics,
-    /// `text/plain; version=0.0.4` (curl, older scrapers).
-    Prometheus,
-}
-
-impl Format {
-    /// Picks the format from an HTTP `Accept` header.
-    pub fn negotiate(accept: Option<&str>) -> Format {
-        match accept {
-            Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
-            _ => Format::Prometheus,
-        }
-    }
-
-    /// The same format for the families written line by line.
-    pub fn text(self) -> Text {
-        match self {
-            Format::OpenMetrics => Text::OpenMetrics,
-            Format::Prometheus => Text::Prometheus,
-        }
-    }
-
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-        }
-    }
-}
 
 /// Everything the exporter exposes. The daemon owns the volume set, the
 /// cluster set and the limits state; this only reads them.
@@ -204,7 +170,7 @@ impl Metrics {
             Format::OpenMetrics => {
                 prometheus_client::encoding::text::encode_registry(out, &self.registry)?;
                 prometheus_client::encoding::text::encode_registry(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, format.text(), &snap.clusters);
+                crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
                 histogram::encode(out, format, &snap.volumes, self.ops);
                 summary::encode(out, &snap.volumes, self.ops);
                 prometheus_client::encoding::text::encode_eof(out)?;
@@ -212,7 +178,7 @@ impl Metrics {
             Format::Prometheus => {
                 prometheus_client::encoding::prometheus_text::encode(out, &self.registry)?;
                 prometheus_client::encoding::prometheus_text::encode(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, format.text(), &snap.clusters);
+                crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
                 histogram::encode(out, format, &snap.volumes, self.ops);
                 summary::encode(out, &snap.volumes, self.ops);
             }

@@ -6,7 +6,7 @@
 //! read_bytes, write_bytes and extend_bytes, because WAL rows (new in 18,
 //! object 'wal') move variable amounts.
 
-use crate::families::{self, Text};
+use crate::families::{self, Format};
 use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
 
@@ -146,7 +146,7 @@ pub fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) ->
 /// [`families::counter_lines`], not through the scrape's encoder: with
 /// every row and op these are most of a large scrape's series, and each
 /// row's four labels are rendered once for its up to 24 samples.
-pub fn encode_lines(out: &mut String, text: Text, clusters: &[ClusterSnapshot]) {
+pub fn encode_lines(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
     if clusters.is_empty() {
         return;
     }
@@ -186,7 +186,7 @@ pub fn encode_lines(out: &mut String, text: Text, clusters: &[ClusterSnapshot]) 
     for (base, get, help) in families {
         families::counter_lines(
             out,
-            text,
+            format,
             base,
             help,
             rows.iter().flat_map(|(labels, r)| {
@@ -255,7 +255,7 @@ mod tests {
             ..Default::default()
         };
         let mut out = String::new();
-        encode_lines(&mut out, Text::Prometheus, &[c]);
+        encode_lines(&mut out, Format::Prometheus, &[c]);
         let labels =
             "cluster=\"c\",backend_type=\"client backend\",object=\"relation\",context=\"normal\"";
         for want in [

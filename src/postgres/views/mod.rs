@@ -168,7 +168,7 @@ mod tests {
     fn nothing_without_clusters() {
         assert_eq!(render(&[], encode), "");
         let mut io = String::new();
-        io::encode_lines(&mut io, families::Text::Prometheus, &[]);
+        io::encode_lines(&mut io, families::Format::Prometheus, &[]);
         assert_eq!(io, "");
     }
 
@@ -176,7 +176,11 @@ mod tests {
     fn every_family_is_described_even_without_series() {
         // A cluster never reached: up is 0, every other family is bare.
         let mut out = render(&[cluster("c", false)], encode);
-        io::encode_lines(&mut out, families::Text::Prometheus, &[cluster("c", false)]);
+        io::encode_lines(
+            &mut out,
+            families::Format::Prometheus,
+            &[cluster("c", false)],
+        );
         assert!(
             out.contains("pgstorage_pg_up{cluster=\"c\"} 0.0\n"),
             "{out}"

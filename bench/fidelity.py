@@ -5,9 +5,10 @@ against fio, interleaved A/B, in one directory.
 Each pair runs the exporter with nothing but `--probe.path DIR` (a listen
 address, and `--collector.probes.split`, which only exposes the commit
 probe's write and sync halves as their own series: the sync half is what
-fio's sync percentiles compare with) for --daemon-seconds (50: at the default busy_every of 40 s
-that is two bursts, at about 3 s and 43 s, so 24 busy commit samples and 64
-busy reads, and about 50 lone after-idle probes of each kind), reads
+fio's sync percentiles compare with) for --daemon-seconds (50: at the
+default busy_every of 40 s that is two bursts, at about 3 s and 43 s, so
+24 busy commit samples, the busy reads of two 8 ms spans (130-200 here)
+and about 50 lone after-idle probes of each kind), reads
 pgstorage_probe_window_seconds{op, phase, quantile="0.5"} from /metrics and
 stops it (SIGTERM); and runs fio in the same directory:
 
@@ -156,6 +157,15 @@ def daemon(binary, d, seconds, logfile=None):
     return out
 
 
+# The exporter's two operations as fio jobs, the one statement of them that
+# bench/run and bench/read_span use too: an 8 KiB write + fdatasync that
+# overwrites a preallocated 16 MiB file (as the commit probe cycles
+# through its WAL-sized file), and an 8 KiB O_DIRECT random read of a
+# 64 MiB file through io_uring at queue depth 1 (the read probe).
+SYNC_JOB = ["--name=sync", "--rw=write", "--ioengine=sync", "--fdatasync=1", "--size=16M", "--overwrite=1"]
+READ_JOB = ["--name=read", "--rw=randread", "--direct=1", "--ioengine=io_uring", "--iodepth=1", "--size=64M"]
+
+
 def fio(d, seconds, what, overwrite=True, thinktime=None):
     """One fio job in d: what="sync" (8 KiB write + fdatasync, its sync
     latency) or "read" (8 KiB O_DIRECT random read, io_uring, QD 1, total
@@ -165,11 +175,9 @@ def fio(d, seconds, what, overwrite=True, thinktime=None):
     if thinktime:
         common += [f"--thinktime={thinktime}", "--thinktime_blocks=1"]
     if what == "sync":
-        args = common + ["--name=sync", "--rw=write", "--ioengine=sync", "--fdatasync=1",
-                         "--size=16M"] + (["--overwrite=1"] if overwrite else [])
+        args = common + [a for a in SYNC_JOB if overwrite or a != "--overwrite=1"]
     else:
-        args = common + ["--name=read", "--rw=randread", "--direct=1", "--ioengine=io_uring",
-                         "--iodepth=1", "--size=64M", "--lat_percentiles=1"]
+        args = common + READ_JOB + ["--lat_percentiles=1"]
     try:
         j = json.loads(sh(args))["jobs"][0]
     finally:
@@ -200,11 +208,8 @@ def fio_pattern(d, seconds, think="1s", offset="500ms"):
     with a 1 s think time measures a longer pause than the exporter's
     (both are still reported: the "idle" arms)."""
     args = ["fio", "--directory", d, "--bs=8k", "--time_based", f"--runtime={seconds}",
-            "--output-format=json", f"--thinktime={think}", "--thinktime_blocks=1",
-            "--name=sync", "--rw=write", "--ioengine=sync", "--fdatasync=1", "--size=16M",
-            "--overwrite=1",
-            "--name=read", "--rw=randread", "--direct=1", "--ioengine=io_uring", "--iodepth=1",
-            "--size=64M", "--lat_percentiles=1", f"--startdelay={offset}"]
+            "--output-format=json", f"--thinktime={think}", "--thinktime_blocks=1"] + SYNC_JOB \
+        + READ_JOB + ["--lat_percentiles=1", f"--startdelay={offset}"]
     try:
         jobs = {j["jobname"]: j for j in json.loads(sh(args))["jobs"]}
     finally:

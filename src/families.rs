@@ -326,9 +326,9 @@ mod tests {
         }
         let mut r = Registry::default();
         r.register_collector(Box::new(Ref(rows.clone())));
-        for text in [Format::Prometheus, Format::OpenMetrics] {
+        for format in [Format::Prometheus, Format::OpenMetrics] {
             let mut want = String::new();
-            match text {
+            match format {
                 Format::Prometheus => {
                     prometheus_client::encoding::prometheus_text::encode(&mut want, &r).unwrap()
                 }
@@ -340,7 +340,7 @@ mod tests {
             let mut got = String::new();
             counter_lines(
                 &mut got,
-                text,
+                format,
                 "x_ops",
                 "help with \\ and \n",
                 rows.iter()
@@ -349,12 +349,12 @@ mod tests {
             );
             counter_lines(
                 &mut got,
-                text,
+                format,
                 "x_empty",
                 "no rows",
                 std::iter::empty::<(&str, [(&str, &str); 1], f64)>(),
             );
-            assert_eq!(got, want, "{text:?}");
+            assert_eq!(got, want, "{format:?}");
             assert!(
                 got.contains(
                     "x_ops_total{cluster=\"a\\\"b\\\\c\\nd\",context=\"normal\",op=\"read\"} 3"

@@ -436,8 +436,6 @@ pub fn build(
     })
 }
 
-/// Cluster names label every PostgreSQL series and prefix discovered
-/// volume names (`<cluster>/wal`): same rules as volume names, minus `/`.
 /// Why `window` would hold too many samples per op at these probe settings
 /// (`whose`: which volumes, for the message), or `None` when it fits.
 fn window_too_big(window: Duration, probe: &ProbeSettings, whose: &str) -> Option<String> {
@@ -454,6 +452,8 @@ fn window_too_big(window: Duration, probe: &ProbeSettings, whose: &str) -> Optio
     })
 }
 
+/// Cluster names label every PostgreSQL series and prefix discovered
+/// volume names (`<cluster>/wal`): same rules as volume names, minus `/`.
 pub fn validate_cluster_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 48 {
         return Err(format!(

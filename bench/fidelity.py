@@ -5,10 +5,13 @@ against fio, interleaved A/B, in one directory.
 Each pair runs the exporter with nothing but `--probe.path DIR` (a listen
 address, and `--collector.probes.split`, which only exposes the commit
 probe's write and sync halves as their own series: the sync half is what
-fio's sync percentiles compare with) for --daemon-seconds (50: at the
-default busy_every of 40 s that is two bursts, at about 3 s and 43 s, so
-24 busy commit samples, the busy reads of two 8 ms spans (130-200 here)
-and about 50 lone after-idle probes of each kind), reads
+fio's sync percentiles compare with) for --daemon-seconds (130: at the
+default busy_every of 40 s that is four bursts, at about 3, 43, 83 and
+123 s, so 48 busy commit samples, the busy reads of four 8 ms spans
+(250-400) and about 130 lone after-idle probes of each kind; with two
+bursts the busy figure was two moments of the host, and one burst's
+median moved between 91 and 184 us from one burst to the next, every 2 s
+for a minute, on a host where fio's back-to-back sync was 111-115 us), reads
 pgstorage_probe_window_seconds{op, phase, quantile="0.5"} from /metrics and
 stops it (SIGTERM); and runs fio in the same directory:
 
@@ -44,7 +47,7 @@ journal commit.
 bench/run imports this module (run_pairs, summarize, pg_test_fsync,
 exporter); run alone it prints its own table.
 
-Usage: bench/fidelity.py [--pairs 5] [--daemon-seconds 50] [--fio-seconds 4]
+Usage: bench/fidelity.py [--pairs 5] [--daemon-seconds 130] [--fio-seconds 4]
                          [--fio-idle-seconds 25] [--dir DIR] [--bin PATH]
                          [--pg-test-fsync PG_BIN_DIR]
 """
@@ -236,7 +239,7 @@ RATIOS = [("sync", "busy", ("sync", "b2b")), ("sync", "after_idle", ("sync", "pa
 ALONE = [("sync", "after_idle", ("sync", "idle")), ("read", "after_idle", ("read", "idle"))]
 
 
-def run_pairs(binary, d, pairs, daemon_seconds=50, fio_seconds=4, fio_idle_seconds=25,
+def run_pairs(binary, d, pairs, daemon_seconds=130, fio_seconds=4, fio_idle_seconds=25,
               think="1s", logdir=None):
     """Interleaved pairs. Each pair brackets the exporter's run with fio's
     back-to-back runs (sync and read just before it and just after it) and
@@ -373,7 +376,7 @@ def _on_signal(signum, _frame):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--daemon-seconds", type=int, default=50)
+    ap.add_argument("--daemon-seconds", type=int, default=130)
     ap.add_argument("--fio-seconds", type=int, default=4)
     ap.add_argument("--fio-idle-seconds", type=int, default=25)
     ap.add_argument("--dir")

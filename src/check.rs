@@ -516,14 +516,26 @@ fn write_sweep_table(o: &mut String, t: &Table) {
         }
     );
     for p in &t.points {
+        let depth = if p.cut_short {
+            format!("{}*", p.depth)
+        } else {
+            p.depth.to_string()
+        };
         let _ = writeln!(
             o,
             "  {:>6}{:>11}{:>11}{:>11}{:>16}",
-            p.depth,
+            depth,
             fmt(w.rate(p)),
             fmt_seconds(p.mean),
             fmt_seconds(p.p99),
             fmt(w.in_unit(p.littles_law_iops()))
+        );
+    }
+    if t.points.iter().any(|p| p.cut_short) {
+        let _ = writeln!(
+            o,
+            "  * ended early, on its share of the sweep's write budget: a rate held for \
+             milliseconds, so no cap is read from it"
         );
     }
     match t.detected {

@@ -267,13 +267,22 @@ fn sweep_prints_the_four_depth_tables() {
             .unwrap_or_else(|| panic!("no {head:?} in:\n{out}"))
             .lines()
             .skip(1)
-            .take(depths.len() + 2)
+            .take(depths.len() + 3)
             .collect();
         assert!(table[0].contains(column), "{table:?}");
+        // A depth that ended on its write budget is starred, with a
+        // footnote before the verdict.
+        let mut starred = false;
         for (row, depth) in table[1..].iter().zip(depths) {
-            assert_eq!(row.split_whitespace().next(), Some(*depth), "{table:?}");
+            let first = row.split_whitespace().next().unwrap_or_default();
+            starred |= first.ends_with('*');
+            assert_eq!(first.trim_end_matches('*'), *depth, "{table:?}");
         }
-        let verdict = table[depths.len() + 1];
+        let mut verdict = table[depths.len() + 1];
+        if starred {
+            assert!(verdict.contains("* ended early"), "{table:?}");
+            verdict = table[depths.len() + 2];
+        }
         assert!(
             verdict.contains("plateau at") || verdict.contains("cap within these depths"),
             "{table:?}"
@@ -298,6 +307,16 @@ fn sweep_prints_the_four_depth_tables() {
     assert_eq!(tables[3]["block_bytes"], 262_144);
     assert_eq!(tables[3]["pattern"], "sequential");
     assert_eq!(tables[3]["points"].as_array().unwrap().len(), 3);
+    for t in tables {
+        for p in t["points"].as_array().unwrap() {
+            let cut = p["cut_short"].as_bool().unwrap();
+            // Only writes have a byte budget.
+            assert!(
+                !cut || t["resource"].as_str().unwrap().starts_with("write"),
+                "{t}"
+            );
+        }
+    }
     assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
 }
 

@@ -22,6 +22,12 @@ pub struct DepthPoint {
     pub mean: f64,
     /// p99 latency in seconds.
     pub p99: f64,
+    /// Whether the depth ended early, on its share of the sweep's write
+    /// budget rather than on its time. Such a depth ran for milliseconds on
+    /// a device that took everything the sweep was willing to write: inside
+    /// any token bucket's burst and any throttle's 100 ms slice, so its rate
+    /// is a lower bound on the device, never evidence of a cap.
+    pub cut_short: bool,
 }
 
 impl DepthPoint {
@@ -65,7 +71,12 @@ fn flat_step(a: &DepthPoint, b: &DepthPoint) -> bool {
 /// The IOPS level of a plateau, if the sweep shows one: the highest IOPS
 /// from the first depth where deeper queues stop adding IOPS while latency
 /// grows in proportion, provided that holds for at least
-/// [`MIN_FLAT_STEPS`] steps and up to the deepest depth.
+/// [`MIN_FLAT_STEPS`] steps and up to the deepest depth, and that every
+/// depth of it ran its whole time (none [`DepthPoint::cut_short`]). A
+/// device fast enough to spend the write budget in milliseconds at every
+/// depth can look flat (a loop device's page-cache copy tops out at one
+/// CPU's memcpy rate from depth 1), but a cap is a rate held over time,
+/// and those depths held nothing for long enough to show one.
 pub fn detect(points: &[DepthPoint]) -> Option<f64> {
     let mut sorted: Vec<DepthPoint> = points
         .iter()
@@ -81,10 +92,11 @@ pub fn detect(points: &[DepthPoint]) -> Option<f64> {
     if flat_steps < MIN_FLAT_STEPS {
         return None;
     }
-    sorted[sorted.len() - 1 - flat_steps..]
-        .iter()
-        .map(|p| p.iops)
-        .reduce(f64::max)
+    let plateau = &sorted[sorted.len() - 1 - flat_steps..];
+    if plateau.iter().any(|p| p.cut_short) {
+        return None;
+    }
+    plateau.iter().map(|p| p.iops).reduce(f64::max)
 }
 
 #[cfg(test)]
@@ -97,7 +109,13 @@ mod tests {
             iops,
             mean: mean_us * 1e-6,
             p99: mean_us * 3e-6,
+            cut_short: false,
         }
+    }
+
+    fn short(mut pt: DepthPoint) -> DepthPoint {
+        pt.cut_short = true;
+        pt
     }
 
     #[test]
@@ -177,6 +195,35 @@ mod tests {
                 None,
             ),
             ("too few points", vec![p(1, 2000.0, 500.0)], None),
+            (
+                "unthrottled loop device, 256 KiB writes, every depth ended on its \
+                 36.6 MiB write share within ~8 ms: flat in shape, not a cap",
+                vec![
+                    short(p(1, 19_759.0, 50.0)),
+                    short(p(4, 18_232.0, 219.0)),
+                    short(p(16, 16_290.0, 982.0)),
+                ],
+                None,
+            ),
+            (
+                "the same rates with the depths run to their time: a plateau",
+                vec![
+                    p(1, 19_759.0, 50.0),
+                    p(4, 18_232.0, 219.0),
+                    p(16, 16_290.0, 982.0),
+                ],
+                Some(19_759.0),
+            ),
+            (
+                "a depth cut short below the plateau does not matter",
+                vec![
+                    short(p(1, 9_000.0, 110.0)),
+                    p(4, 20_000.0, 200.0),
+                    p(16, 20_100.0, 796.0),
+                    p(64, 20_050.0, 3_190.0),
+                ],
+                Some(20_100.0),
+            ),
         ];
         for (name, pts, want) in cases {
             assert_eq!(detect(&pts), want, "{name}");

@@ -371,12 +371,16 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
     // not re-read what the previous one left in a device cache.
     let mut next = rng.below(blocks);
     let mut pushed_bytes = 0u64;
+    // Set when the budget, not the clock, ends the depth: submit is only
+    // asked for more while the depth's time runs.
+    let mut cut_short = false;
     let write = s.w.writes();
     let mut submit =
         |queue: &mut UringQueue<N>, slot: usize, started: &mut [Instant]| -> Result<bool, String> {
             if s.budget
                 .is_some_and(|b| pushed_bytes.saturating_add(N as u64) > b)
             {
+                cut_short = true;
                 return Ok(false);
             }
             if let Some(t) = started.get_mut(slot) {
@@ -452,6 +456,7 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
         },
         mean: c.hist.mean() / 1e9,
         p99: c.hist.value_at_quantile(0.99) as f64 / 1e9,
+        cut_short,
     })
 }
 
@@ -555,6 +560,7 @@ mod tests {
             iops,
             mean,
             p99: mean,
+            cut_short: false,
         };
         // 40 IOs of 256 KiB per second at every depth: a 10 MiB/s cap.
         let pts = [p(1, 40.0, 0.025), p(4, 40.0, 0.1), p(16, 40.0, 0.4)];

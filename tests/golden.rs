@@ -211,12 +211,18 @@ fn full_scrape_matches_the_golden_series_list() {
     .unwrap();
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
     // Everything that appears once the run has settled: the cluster's
-    // snapshot, a discovered volume's busy window, the limits snapshot.
+    // snapshot, a discovered volume's busy window, the limits snapshot, the
+    // probe ceilings (after three bursts).
     let scrape = ex.wait_for(
         "a settled scrape: cluster up, volume bursting, limits read",
         Duration::from_secs(60),
         |m| {
             sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
+                && sample(
+                    m,
+                    "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_p50\"}",
+                )
+                .is_some()
                 && m.lines().any(|l| {
                     l.starts_with("pgstorage_probe_window_samples{")
                         && l.contains("volume=\"t\"")

@@ -198,12 +198,13 @@ fn volumes_and_a_setup_error_as_the_browser_shows_them() {
     )
     .unwrap();
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
-    ex.wait_for("busy commits and a setup error", Duration::from_secs(60), |m| {
+    // The probe's ceilings wait for three bursts (5 s apart here).
+    ex.wait_for("the probe ceiling and a setup error", Duration::from_secs(60), |m| {
         sample(
             m,
-            "pgstorage_probe_window_samples{volume=\"t\",op=\"commit\",phase=\"busy\"}",
+            "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_p50\"}",
         )
-        .is_some_and(|n| n >= 1.0)
+        .is_some()
             && sample(
                 m,
                 "pgstorage_probe_window_samples{volume=\"t\",op=\"read\",phase=\"busy\"}",

@@ -49,9 +49,7 @@ pub fn commit_bases(
     limits: &LimitsSnapshot,
 ) -> Vec<(&'static str, f64)> {
     let mut bases = Vec::new();
-    if let Some(p50) = s
-        .quantiles(Op::Commit, s.rate_phase(Op::Commit))
-        .and_then(|q| q.first())
+    if let Some(p50) = s.rate_quantiles(Op::Commit).and_then(|q| q.first())
         && let Some(c) = commit_ceiling(*p50)
     {
         bases.push(("probe_p50", c));
@@ -178,7 +176,7 @@ pub fn encode(
 
     let mut ceilings: Vec<([(&str, &str); 2], f64)> = Vec::new();
     for (v, s) in snaps {
-        if let Some(qs) = s.quantiles(Op::Commit, s.rate_phase(Op::Commit)) {
+        if let Some(qs) = s.rate_quantiles(Op::Commit) {
             for (basis, q) in [("probe_p50", qs.first()), ("probe_p99", qs.get(2))] {
                 if let Some(c) = q.copied().and_then(commit_ceiling) {
                     ceilings.push(([("volume", v.name.as_str()), ("basis", basis)], c));
@@ -347,8 +345,9 @@ pub fn encode(
         };
         // PostgreSQL's syncs are compared with the probe's in the same
         // condition as the ceilings: busy when bursts run.
-        let phase = s.rate_phase(Op::Commit);
-        let probe = s.mean(Op::Sync, phase).or(s.mean(Op::Commit, phase));
+        let probe = s
+            .rate_phase(Op::Commit)
+            .and_then(|phase| s.mean(Op::Sync, phase).or(s.mean(Op::Commit, phase)));
         if let Some(r) = probe.and_then(|p| sync_ratio(pg, p)) {
             ratios.push(([("cluster", c.name.as_str()), ("volume", vol)], r));
         }

@@ -316,9 +316,21 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
                  PostgreSQL sync time or write-IOPS cap yet).</p>",
             ),
         }
+        if v.commit_probe
+            && s.rate_phase(Op::Commit).is_none()
+            && let Some(need) = s.rate_min_samples[0]
+        {
+            let _ = write!(
+                o,
+                "<p>The probe's ceilings wait for {need} busy commits in the window \
+                 ({} so far): one burst is one moment of the host, and they are read from \
+                 several.</p>",
+                s.samples[series(Op::Commit, Phase::Busy)]
+            );
+        }
         let mut rows = bases.clone();
         if let Some(p99) = s
-            .quantiles(Op::Commit, s.rate_phase(Op::Commit))
+            .rate_quantiles(Op::Commit)
             .and_then(|q| q.get(2))
             .copied()
             .and_then(commit_ceiling)
@@ -415,8 +427,9 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         if c.wal_volume() != Some(v.name.as_str()) {
             continue;
         }
-        let phase = s.rate_phase(Op::Commit);
-        let probe = s.mean(Op::Sync, phase).or(s.mean(Op::Commit, phase));
+        let probe = s
+            .rate_phase(Op::Commit)
+            .and_then(|phase| s.mean(Op::Sync, phase).or(s.mean(Op::Commit, phase)));
         if let (Some(pg), Some(p)) = (c.wal_sync_mean, probe)
             && let Some(r) = sync_ratio(pg, p)
             && r > SLOW_PG_SYNC_RATIO
@@ -431,7 +444,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
             ));
         }
     }
-    let phase = |op| s.rate_phase(op);
+    let phase = |op| s.report_phase(op);
     let reads_total: u64 = Phase::ALL
         .iter()
         .map(|p| s.count[series(Op::Read, *p)])

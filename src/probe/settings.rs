@@ -410,6 +410,48 @@ impl Knob {
     }
 }
 
+/// Bursts whose busy samples the window must hold before a rate (a commit
+/// ceiling, PostgreSQL's sync against the probe's) is derived from them.
+/// On a virtual machine one burst is one moment of the host: within one
+/// hour on one host the median commit of single bursts ranged from 201 to
+/// 695 µs, and a ceiling read from one burst at 319 µs came out below what
+/// one pgbench client committed. Three bursts take the median over three
+/// moments. A window too short to hold three needs as many as it can hold
+/// ([`rate_min_samples`]).
+pub const RATE_BURSTS: u32 = 3;
+
+/// Busy samples of one op the window must hold before rates derive from
+/// them: [`RATE_BURSTS`] bursts' worth, or as many bursts as the window is
+/// sure to hold, at least one. A window of length W always holds
+/// floor(W / period) bursts that come one per period; the period is
+/// `busy_every` plus up to one `interval` (a burst waits for its place in
+/// the round) plus the burst itself, all stretched by `slowdown`, so it is
+/// taken as (`busy_every` + `interval`) × `slowdown` + 2 s. Counting on
+/// more would make the ceilings come and go as bursts leave the window.
+/// A burst records half of its [`BURST_COMMITS`] commits and at least
+/// [`ReadBurstPlan::min`] reads. `None` when bursts are off: there is no
+/// busy figure to wait for.
+pub fn rate_min_samples(
+    read: bool,
+    window: Duration,
+    busy_every: Duration,
+    interval: Duration,
+    slowdown: f64,
+) -> Option<usize> {
+    if busy_every.is_zero() {
+        return None;
+    }
+    let period = (busy_every + interval).as_secs_f64() * slowdown.max(1.0) + 2.0;
+    let fit = (window.as_secs_f64() / period).floor();
+    let bursts = fit.clamp(1.0, f64::from(RATE_BURSTS)) as usize;
+    let per_burst = if read {
+        BURST_READS.min as usize
+    } else {
+        (BURST_COMMITS / 2) as usize
+    };
+    Some(bursts * per_burst)
+}
+
 /// The most samples one (op, phase) window holds: the lone probes' or, for
 /// the busy phase, the most reads each burst can record.
 pub fn window_samples(window: Duration, interval: Duration, busy_every: Duration) -> f64 {
@@ -426,6 +468,28 @@ pub fn window_samples(window: Duration, interval: Duration, busy_every: Duration
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_wait_for_three_bursts_or_what_the_window_holds() {
+        let s = Duration::from_secs;
+        let need = |read, window, every, slowdown| {
+            rate_min_samples(read, s(window), s(every), s(1), slowdown)
+        };
+        // Defaults: a 15 min window, a burst every 40 s (about 43 s apart).
+        assert_eq!(need(false, 900, 40, 1.0), Some(36));
+        assert_eq!(need(true, 900, 40, 1.0), Some(48));
+        // A 1 min window is sure of one burst.
+        assert_eq!(need(false, 60, 40, 1.0), Some(12));
+        // 2 min: three exactly 40 s apart would fit, but bursts come a
+        // little later than that, so only two are sure.
+        assert_eq!(need(false, 120, 40, 1.0), Some(24));
+        assert_eq!(need(false, 130, 40, 1.0), Some(36));
+        // Stretched 2x under a write cap: about 84 s apart, two in 3 min.
+        assert_eq!(need(false, 180, 40, 2.0), Some(24));
+        // A window shorter than one burst period still needs one burst.
+        assert_eq!(need(false, 10, 40, 1.0), Some(12));
+        assert_eq!(need(false, 900, 0, 1.0), None);
+    }
 
     #[test]
     fn every_knob_has_one_row() {

@@ -11,7 +11,7 @@ use crate::model::window::Window;
 use crate::probe::counts::{HistogramSnapshot, ProbeCounts};
 use crate::probe::files::ProbeDir;
 use crate::probe::fsinfo::FsInfo;
-use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeLimits, VolumeSpec};
+use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeLimits, VolumeSpec, rate_min_samples};
 use crate::types::{EngineKind, Op, Phase, SERIES, SyncMethod, series};
 
 fn base() -> Instant {
@@ -37,6 +37,9 @@ pub struct VolumeState {
     /// Configured time between lone probes, and between bursts (zero: none).
     pub interval: Duration,
     pub busy_every: Duration,
+    /// The sliding window's length: how many bursts it can hold decides how
+    /// many rates wait for ([`crate::probe::settings::rate_min_samples`]).
+    pub window: Duration,
     /// Provisioned limits and the configured cgroup. Behind a lock because
     /// a reload that changes only these updates them in place (the probe
     /// thread never reads them), so the window and counters are kept; the
@@ -101,6 +104,9 @@ pub struct Snapshot {
     pub in_flight: Option<(Op, Duration)>,
     /// Commit probes done since start, burst warm-ups included.
     pub commit_probes: u64,
+    /// Busy samples a commit op's (index 0) and the read op's (index 1)
+    /// window needs before rates derive from it; `None` when bursts are off.
+    pub rate_min_samples: [Option<usize>; 2],
 }
 
 impl VolumeState {
@@ -121,6 +127,7 @@ impl VolumeState {
             timeout: cfg.probe.timeout,
             interval: cfg.probe.interval,
             busy_every: cfg.probe.busy_every,
+            window,
             limits: Mutex::new(cfg.limits()),
             counts: ProbeCounts::new(cfg.probe.commit_probe, cfg.probe.read_probe),
             fs: Mutex::new(fs),
@@ -305,6 +312,15 @@ impl VolumeState {
             histograms,
             in_flight: self.in_flight(now),
             commit_probes: self.commit_probes.load(Ordering::Relaxed),
+            rate_min_samples: [false, true].map(|read| {
+                rate_min_samples(
+                    read,
+                    self.window,
+                    self.busy_every,
+                    self.interval,
+                    self.slowdown(),
+                )
+            }),
         }
     }
 }
@@ -325,9 +341,38 @@ impl Snapshot {
         self.count[series(op, phase)]
     }
 
-    /// The phase rates are derived from: busy when the window has busy
-    /// samples of `op`, else after-idle (bursts turned off, or none yet).
-    pub fn rate_phase(&self, op: Op) -> Phase {
+    /// The phase rates (ceilings, PostgreSQL's sync against the probe's)
+    /// are derived from: busy once the window holds enough bursts of `op`
+    /// ([`rate_min_samples`]); after-idle when bursts are off, the only
+    /// figure there is; `None` while the first bursts are still to come, so
+    /// that no rate rests on one moment of the host, nor on the after-idle
+    /// figure that underestimates a busy server.
+    pub fn rate_phase(&self, op: Op) -> Option<Phase> {
+        let need = self.rate_min_samples[usize::from(op == Op::Read)];
+        match need {
+            None => Some(Phase::AfterIdle),
+            Some(n)
+                if self.samples[series(op, Phase::Busy)] >= n
+                    && self.quantiles[series(op, Phase::Busy)].is_some() =>
+            {
+                Some(Phase::Busy)
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Window quantiles of `op` in [`Self::rate_phase`], if rates may use
+    /// them yet.
+    pub fn rate_quantiles(&self, op: Op) -> Option<&[f64]> {
+        let phase = self.rate_phase(op)?;
+        self.quantiles(op, phase)
+    }
+
+    /// The phase a report describes `op` in: busy when the window has any
+    /// busy samples of it, else after-idle. Unlike [`Self::rate_phase`] it
+    /// does not wait for several bursts: a description of what the probes
+    /// saw does not claim a rate.
+    pub fn report_phase(&self, op: Op) -> Phase {
         if self.quantiles[series(op, Phase::Busy)].is_some() {
             Phase::Busy
         } else {

@@ -616,6 +616,8 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
                 "500ms",
                 "--probe.interval",
                 "200ms",
+                "--probe.busy-every",
+                "5s",
                 "--probe.read-file-size",
                 "4MiB",
                 "--probe.free-space-reserve",
@@ -658,14 +660,20 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
         );
     }
     // PostgreSQL's own WAL syncs give the third ceiling basis, on the WAL
-    // volume, and the ratio to the probe's syncs.
+    // volume, and the ratio to the probe's syncs (once the probe's window
+    // holds three bursts, 5 s apart here).
     pg.pgbench_inserts(1, 3);
-    let m = ex.wait_for("basis=postgres", Duration::from_secs(20), |m| {
+    let m = ex.wait_for("basis=postgres", Duration::from_secs(60), |m| {
         value(
             m,
             "pgstorage_commit_ceiling_per_second{volume=\"c18/wal\",basis=\"postgres\"}",
         )
         .is_some()
+            && value(
+                m,
+                "pgstorage_pg_wal_sync_probe_ratio{cluster=\"c18\",volume=\"c18/wal\"}",
+            )
+            .is_some()
     });
     let ceiling = value(
         &m,

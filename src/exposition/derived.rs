@@ -208,8 +208,8 @@ pub fn encode(
         "pgstorage_commit_ceiling_per_second",
         "Most commits per second one client can do on this volume: 1 / commit probe latency (WAL \
          write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99, \
-         of the busy commit probes (phase=busy; the after_idle ones while no burst has run or \
-         busy_every is 0). \
+         of the busy commit probes (phase=busy), once the window holds three bursts (or all the \
+         window can hold); the after_idle ones when busy_every is 0. \
          basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
          window plus the fastest round trip of a trivial query (pgstorage_pg_round_trip_seconds, \
          local connections only), on the cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \

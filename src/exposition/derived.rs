@@ -345,9 +345,7 @@ pub fn encode(
         };
         // PostgreSQL's syncs are compared with the probe's in the same
         // condition as the ceilings: busy when bursts run.
-        let probe = s
-            .rate_phase(Op::Commit)
-            .and_then(|phase| s.mean(Op::Sync, phase).or(s.mean(Op::Commit, phase)));
+        let probe = s.rate_sync_mean();
         if let Some(r) = probe.and_then(|p| sync_ratio(pg, p)) {
             ratios.push(([("cluster", c.name.as_str()), ("volume", vol)], r));
         }

@@ -427,9 +427,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         if c.wal_volume() != Some(v.name.as_str()) {
             continue;
         }
-        let probe = s
-            .rate_phase(Op::Commit)
-            .and_then(|phase| s.mean(Op::Sync, phase).or(s.mean(Op::Commit, phase)));
+        let probe = s.rate_sync_mean();
         if let (Some(pg), Some(p)) = (c.wal_sync_mean, probe)
             && let Some(r) = sync_ratio(pg, p)
             && r > SLOW_PG_SYNC_RATIO

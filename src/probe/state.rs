@@ -361,6 +361,15 @@ impl Snapshot {
         }
     }
 
+    /// The probe's mean sync time in [`Self::rate_phase`] (the commit's
+    /// write + sync where the sync method has no separate sync), for
+    /// comparing PostgreSQL's WAL syncs with it; `None` until rates may
+    /// use the window.
+    pub fn rate_sync_mean(&self) -> Option<f64> {
+        let phase = self.rate_phase(Op::Commit)?;
+        self.mean(Op::Sync, phase).or(self.mean(Op::Commit, phase))
+    }
+
     /// Window quantiles of `op` in [`Self::rate_phase`], if rates may use
     /// them yet.
     pub fn rate_quantiles(&self, op: Op) -> Option<&[f64]> {

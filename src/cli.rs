@@ -93,8 +93,10 @@ pub struct Cli {
     /// Time between bursts for the busy figure, for --probe.path volumes; 0s
     /// turns bursts off (default: 40s, or [defaults].busy_every of
     /// --config.file). Each burst is 24 back-to-back commit probes, the last
-    /// 12 recorded as the busy figure, then 32 warm-up reads and the reads
-    /// of an 8 ms span, recorded.
+    /// 12 recorded as the busy figure (a burst that meets a throttle goes on
+    /// for a second and records whole throttle cycles; the next burst comes
+    /// later in proportion), then 32 warm-up reads and the reads of an 8 ms
+    /// span, recorded.
     #[arg(long = "probe.busy-every", value_parser = parse_duration, value_name = "DURATION")]
     pub busy_every: Option<Duration>,
 

@@ -220,7 +220,7 @@ fn full_scrape_matches_the_golden_series_list() {
             sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
                 && sample(
                     m,
-                    "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_p50\"}",
+                    "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_mean\"}",
                 )
                 .is_some()
                 && m.lines().any(|l| {

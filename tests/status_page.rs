@@ -202,7 +202,7 @@ fn volumes_and_a_setup_error_as_the_browser_shows_them() {
     ex.wait_for("the probe ceiling and a setup error", Duration::from_secs(60), |m| {
         sample(
             m,
-            "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_p50\"}",
+            "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_mean\"}",
         )
         .is_some()
             && sample(
@@ -256,8 +256,8 @@ fn volumes_and_a_setup_error_as_the_browser_shows_them() {
     }
     let (ceiling, basis) = in_force(&t);
     assert!(ceiling > 0.0, "{t}");
-    assert_eq!(basis, "probe_p50", "{t}");
-    assert!(t.contains("probe_p50"), "{t}");
+    assert_eq!(basis, "probe_mean", "{t}");
+    assert!(t.contains("probe_mean"), "{t}");
 
     let b = section(&dom, "volume-blocked");
     assert!(
@@ -339,7 +339,7 @@ fn postgres_cluster_and_ceiling_bases_as_the_browser_shows_them() {
     let (ceiling, basis) = in_force(&t);
     assert!(ceiling > 0.0, "{t}");
     assert!(
-        ["probe_p50", "postgres", "cap"].contains(&basis.as_str()),
+        ["probe_mean", "postgres", "cap"].contains(&basis.as_str()),
         "{t}"
     );
     // The basis in force is the one marked in the table, and PostgreSQL's

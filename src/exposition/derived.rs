@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::families::gauge;
 use crate::limits::LimitsSnapshot;
-use crate::model::ceiling::{commit_ceiling, sync_ratio};
+use crate::model::ceiling::{commit_ceiling, rate_ceiling, sync_ratio};
 use crate::model::plateau::DepthPoint;
 use crate::postgres::ClusterSnapshot;
 use crate::probe::state::{Snapshot, VolumeState};
@@ -39,8 +39,15 @@ fn postgres_commit_seconds(c: &ClusterSnapshot) -> Option<f64> {
     crate::model::ceiling::commit_floor(c.wal_commit_mean.or(c.wal_sync_mean)?, c.round_trip)
 }
 
+/// The probe's commit ceiling, basis `probe_mean`: 1 / the window mean of
+/// the busy commit probes with headroom ([`rate_ceiling`]), once rates may
+/// use the window.
+pub fn probe_ceiling(s: &Snapshot) -> Option<f64> {
+    s.rate_mean(Op::Commit).and_then(rate_ceiling)
+}
+
 /// The commit ceilings of a volume that the ceiling in force is the lowest
-/// of, as (basis, commits per second): probe_p50, then postgres (one per
+/// of, as (basis, commits per second): probe_mean, then postgres (one per
 /// cluster whose WAL is on the volume), then cap; absent bases left out.
 pub fn commit_bases(
     v: &VolumeState,
@@ -49,10 +56,8 @@ pub fn commit_bases(
     limits: &LimitsSnapshot,
 ) -> Vec<(&'static str, f64)> {
     let mut bases = Vec::new();
-    if let Some(p50) = s.rate_quantiles(Op::Commit).and_then(|q| q.first())
-        && let Some(c) = commit_ceiling(*p50)
-    {
-        bases.push(("probe_p50", c));
+    if let Some(c) = probe_ceiling(s) {
+        bases.push(("probe_mean", c));
     }
     for c in clusters {
         if c.wal_volume() == Some(v.name.as_str())
@@ -176,12 +181,8 @@ pub fn encode(
 
     let mut ceilings: Vec<([(&str, &str); 2], f64)> = Vec::new();
     for (v, s) in snaps {
-        if let Some(qs) = s.rate_quantiles(Op::Commit) {
-            for (basis, q) in [("probe_p50", qs.first()), ("probe_p99", qs.get(2))] {
-                if let Some(c) = q.copied().and_then(commit_ceiling) {
-                    ceilings.push(([("volume", v.name.as_str()), ("basis", basis)], c));
-                }
-            }
+        if let Some(c) = probe_ceiling(s) {
+            ceilings.push(([("volume", v.name.as_str()), ("basis", "probe_mean")], c));
         }
     }
     // One sample per volume: two clusters may keep their WAL on one
@@ -206,10 +207,11 @@ pub fn encode(
     gauge(
         enc,
         "pgstorage_commit_ceiling_per_second",
-        "Most commits per second one client can do on this volume: 1 / commit probe latency (WAL \
-         write + sync). basis=probe_p50 uses the window median, basis=probe_p99 the window p99, \
-         of the busy commit probes (phase=busy), once the window holds three bursts (or all the \
-         window can hold); the after_idle ones when busy_every is 0. \
+        "Most commits per second one client can do on this volume: 1 / the mean time per commit \
+         (WAL write + sync), the rate of a client committing back to back. basis=probe_mean is \
+         1.1 / the window mean of the busy commit probes (phase=busy; whole throttle cycles where a \
+         burst met a throttle), once the window holds three bursts (or all the window can hold); \
+         the after_idle ones when busy_every is 0. \
          basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
          window plus the fastest round trip of a trivial query (pgstorage_pg_round_trip_seconds, \
          local connections only), on the cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
@@ -227,9 +229,8 @@ pub fn encode(
     gauge(
         enc,
         "pgstorage_commit_ceiling_in_force_per_second",
-        "The commit ceiling in force on the volume: the lowest of the bases probe_p50, postgres and \
-         cap that are available. probe_p99 is left out: it bounds the slow tail, not the rate one \
-         client sustains.",
+        "The commit ceiling in force on the volume: the lowest of the bases probe_mean, postgres \
+         and cap that are available.",
         in_force,
     )?;
 

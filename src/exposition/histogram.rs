@@ -31,8 +31,8 @@ pub const HELP: &str = "Latency of probe operations in seconds, measured by the 
     probe threads. op=write: 8 KiB write into the preallocated WAL probe file; op=sync: the \
     fdatasync/fsync after it; op=commit: write+sync, what one commit waits for; op=read: 8 KiB \
     O_DIRECT random read at queue depth 1. phase=busy: the recorded part of a burst of \
-    back-to-back probes (every busy_every: the second half of its commits, its reads over an 8 ms \
-    span after a warm-up), what an IO costs while the storage is busy; \
+    back-to-back probes (every busy_every: the second half of its commits, or whole throttle \
+    cycles where it met a throttle; its reads over an 8 ms span after a warm-up), what an IO costs while the storage is busy; \
     phase=after_idle: the lone probe of each interval, what an IO costs after a pause. \
     Always select a phase";
 

@@ -44,8 +44,8 @@ pub fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)], ops: &
          15m), in seconds; quantile=1 is the maximum. Computed from samples in memory at scrape \
          time; quantiles are absent while the window holds no sample. _sum and _count are \
          cumulative since start, as for any summary. phase=busy: the recorded part of each \
-         burst of back-to-back probes (the second half of its commits, its reads over an 8 ms span \
-         after a warm-up); phase=after_idle: the lone probe of each interval.",
+         burst of back-to-back probes (the second half of its commits, or whole throttle cycles \
+         where it met a throttle; its reads over an 8 ms span after a warm-up); phase=after_idle: the lone probe of each interval.",
     );
     // Written with push_str and dtoa rather than format!: 8 volumes make
     // 448 lines of floats, and core::fmt's float path was a tenth of the

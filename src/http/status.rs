@@ -17,7 +17,7 @@ use axum::response::{Html, IntoResponse, Response};
 use crate::exposition::ScrapeSnapshot;
 use crate::exposition::derived::{ceiling_in_force, commit_bases};
 use crate::limits::LimitsSnapshot;
-use crate::model::ceiling::{commit_ceiling, sync_ratio};
+use crate::model::ceiling::sync_ratio;
 use crate::model::verdict::{Observed, OpStats, fmt_seconds, warnings};
 use crate::postgres::ClusterSnapshot;
 use crate::probe::state::{Snapshot, VolumeState};
@@ -94,7 +94,8 @@ pub fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64) -> Str
          Figures are over the sliding window; <a href=\"{path}\">{path}</a> has them as metrics, \
          <a href=\"/healthz\">/healthz</a> answers liveness.</p>\
          <p>Busy: the recorded part of each burst of back-to-back probes (the second half of its \
-         commits, its reads over an 8 ms span after a warm-up), what an IO costs while \
+         commits, or whole throttle cycles where it met a throttle; its reads over an 8 ms span \
+         after a warm-up), what an IO costs while \
          the storage is busy. After idle: the lone probe of each interval, what an IO costs \
          after a pause.</p>",
         version = env!("CARGO_PKG_VERSION"),
@@ -186,13 +187,15 @@ fn cap_value(resource: &str, value: f64) -> String {
 /// What a basis of the commit ceiling is, in words.
 fn basis_words(basis: &str) -> &'static str {
     match basis {
-        "probe_p50" => "1 / the median commit probe (WAL write + sync)",
+        "probe_mean" => {
+            "1 / the mean busy commit probe (WAL write + sync; whole throttle cycles where a \
+             burst met a throttle)"
+        }
         "postgres" => {
             "1 / (PostgreSQL's own mean WAL write + sync time per sync + the fastest SELECT 1 \
              round trip)"
         }
         "cap" => "a write-IOPS cap / the device writes one commit costs",
-        "probe_p99" => "1 / the p99 commit probe: the slow tail, not in force",
         _ => "",
     }
 }
@@ -328,15 +331,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
                 s.samples[series(Op::Commit, Phase::Busy)]
             );
         }
-        let mut rows = bases.clone();
-        if let Some(p99) = s
-            .rate_quantiles(Op::Commit)
-            .and_then(|q| q.get(2))
-            .copied()
-            .and_then(commit_ceiling)
-        {
-            rows.push(("probe_p99", p99));
-        }
+        let rows = bases.clone();
         if !rows.is_empty() {
             o.push_str(
                 "<table class=\"ceiling\"><tr><th>basis</th><th>commits/s</th>\
@@ -355,7 +350,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
             o.push_str("</table>");
         }
         if let Some(("cap", c)) = in_force
-            && let Some((_, p50)) = bases.iter().find(|(b, _)| *b == "probe_p50")
+            && let Some((_, p50)) = bases.iter().find(|(b, _)| *b == "probe_mean")
         {
             findings.push(format!(
                 "A write-IOPS cap holds commits to {} per second, although the storage answers \
@@ -666,7 +661,7 @@ mod tests {
 
     #[test]
     fn in_force_is_the_lowest_basis() {
-        let b = [("probe_p50", 2150.0), ("postgres", 900.0), ("cap", 75.0)];
+        let b = [("probe_mean", 2150.0), ("postgres", 900.0), ("cap", 75.0)];
         assert_eq!(ceiling_in_force(&b), Some(("cap", 75.0)));
         assert_eq!(ceiling_in_force(&[]), None);
     }
@@ -743,7 +738,7 @@ mod tests {
             "{html}"
         );
         assert!(
-            html.contains("<td>probe_p50</td><td class=\"n\">2151</td>"),
+            html.contains("<td>probe_mean</td><td class=\"n\">2366</td>"),
             "{html}"
         );
         assert!(

@@ -18,6 +18,23 @@ pub fn commit_ceiling(commit_latency_seconds: f64) -> Option<f64> {
     }
 }
 
+/// How far above its measured rate the probe's ceiling is set. The rate
+/// is 1 / the mean time per commit of a few bursts, and a burst is one
+/// moment: on the build machine one burst's rate under a throttle came
+/// within 0.95-1.01 of fio's rate over 10-20 s in the same cgroup, and
+/// unthrottled bursts moved more than that from minute to minute. A
+/// ceiling is a bound one client stays under; 10 % above the measured rate
+/// keeps it there through such a moment and within 1.35 of the rate.
+pub const RATE_HEADROOM: f64 = 1.10;
+
+/// The probe's commit ceiling from the mean time per commit of its busy
+/// commits: a client committing back to back does 1 / E[T] per second (a
+/// median is no rate: under a token bucket most commits pass at device
+/// speed and a few wait a whole slice), raised by [`RATE_HEADROOM`].
+pub fn rate_ceiling(mean_commit_seconds: f64) -> Option<f64> {
+    commit_ceiling(mean_commit_seconds).map(|c| c * RATE_HEADROOM)
+}
+
 /// The least time one commit of one client takes by PostgreSQL's own
 /// figures: the WAL time per sync (write + sync) plus, when known, the
 /// fastest round trip of a trivial query. The round trip is a lower bound
@@ -194,6 +211,17 @@ mod tests {
             let got = commit_ceiling(lat).unwrap();
             assert!(close(got, want, 0.01), "{why}: got {got}, want {want}");
         }
+    }
+
+    #[test]
+    fn rate_ceiling_is_a_mean_with_headroom() {
+        // A v1 throttle at 150 write IOPS: fio's sync p50 171 µs, mean
+        // 13.2 ms, 75.6 commits/s. The median would claim 5,848/s.
+        let c = rate_ceiling(0.0132).unwrap_or(0.0);
+        assert!(c / 75.6 >= 1.0 && c / 75.6 <= 1.35, "{c}");
+        assert!(close(c, 83.3, 0.01), "{c}");
+        assert_eq!(rate_ceiling(0.0), None);
+        assert_eq!(rate_ceiling(f64::NAN), None);
     }
 
     #[test]

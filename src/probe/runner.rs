@@ -14,10 +14,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
-use crate::model::pacing::{BurstRead, ReadBurst};
-use crate::probe::engine::Engine;
+use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, steady_commits};
+use crate::probe::engine::{CommitTiming, Engine};
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
-use crate::probe::settings::{BLOCK_SIZE, BURST_COMMITS, BURST_READS, VolumeSpec, WAL_FILE_SIZE};
+use crate::probe::settings::{
+    BLOCK_SIZE, BURST_COMMITS, BURST_READS, COMMIT_BURST, VolumeSpec, WAL_FILE_SIZE,
+};
 use crate::probe::state::VolumeState;
 use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, Phase};
@@ -215,7 +217,16 @@ impl Runner {
                     break;
                 }
                 self.burst(&mut p, &mut wal_block, read_blocks);
-                next_burst = Some(Instant::now() + self.cfg.probe.busy_every.mul_f64(slowdown));
+                // A burst that ran longer than BURST_COMMITS (it met a
+                // throttle) puts the next one off in proportion.
+                next_burst = Some(
+                    Instant::now()
+                        + self
+                            .cfg
+                            .probe
+                            .busy_every
+                            .mul_f64(slowdown * self.state.burst_stretch()),
+                );
             }
             if let (Some(at), Some(read)) = (next_sweep, &p.read)
                 && Instant::now() >= at
@@ -457,20 +468,55 @@ impl Runner {
         })
     }
 
-    /// A burst of back-to-back probes: [`BURST_COMMITS`] commits, then
-    /// reads as [`BURST_READS`] says. The first half of the commits and the
-    /// first reads warm the device path up and are not recorded; the rest
-    /// is the busy figure. A failed probe ends the burst: a failing device
-    /// is not hammered.
+    /// A burst of back-to-back probes: commits as [`COMMIT_BURST`] says,
+    /// then reads as [`BURST_READS`] says. The commits' busy figure is
+    /// chosen when the burst is over ([`steady_commits`]): whole throttle
+    /// cycles where the burst met a throttle, else its second half; the
+    /// rest warmed the device path up and is only counted. The first reads
+    /// warm up likewise. A failed probe ends the burst: a failing device is
+    /// not hammered. Sets the volume's burst stretch: how many times
+    /// [`BURST_COMMITS`] the burst's commits were.
     fn burst(&mut self, p: &mut Prepared, wal_block: &mut u64, read_blocks: u64) {
         if let Some(wal) = &p.wal {
-            for i in 0..BURST_COMMITS {
-                let phase = (i >= BURST_COMMITS / 2).then_some(Phase::Busy);
-                if self.stop.is_stopped()
-                    || !self.commit_probe(&mut p.engine, wal, wal_block, phase)
-                {
-                    return;
+            let start = Instant::now();
+            let mut plan = CommitBurst::new(COMMIT_BURST);
+            let mut done: Vec<(Instant, CommitTiming)> = Vec::with_capacity(COMMIT_BURST.most as usize);
+            let mut failed = false;
+            while plan.more(start.elapsed()) {
+                if self.stop.is_stopped() {
+                    failed = true;
+                    break;
                 }
+                match self.commit_once(&mut p.engine, wal, wal_block) {
+                    Some(t) => {
+                        plan.done(t.commit.as_secs_f64(), start.elapsed());
+                        done.push((Instant::now(), t));
+                    }
+                    None => {
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            self.state
+                .set_burst_stretch(f64::from(plan.count()) / f64::from(BURST_COMMITS));
+            if !failed {
+                let lat: Vec<f64> = done.iter().map(|(_, t)| t.commit.as_secs_f64()).collect();
+                let steady = steady_commits(&lat);
+                tracing::debug!(
+                    volume = %self.cfg.name,
+                    commits = lat.len(),
+                    recorded = ?steady,
+                    took = ?start.elapsed(),
+                    latencies_us = ?lat.iter().map(|s| (s * 1e6).round() as u64).collect::<Vec<_>>(),
+                    "commit burst"
+                );
+                for (at, t) in &done[steady] {
+                    self.record_commit(Phase::Busy, *at, t);
+                }
+            }
+            if failed {
+                return;
             }
         }
         if let Some(read) = &p.read {
@@ -491,8 +537,7 @@ impl Runner {
     }
 
     /// One commit probe into the next block of the WAL probe file; recorded
-    /// under `phase`, or only counted when `None` (a burst's warm-up).
-    /// True when it succeeded.
+    /// under `phase`, or only counted when `None`. True when it succeeded.
     fn commit_probe(
         &mut self,
         engine: &mut Engine,
@@ -500,6 +545,25 @@ impl Runner {
         wal_block: &mut u64,
         phase: Option<Phase>,
     ) -> bool {
+        match self.commit_once(engine, wal, wal_block) {
+            Some(t) => {
+                if let Some(phase) = phase {
+                    self.record_commit(phase, Instant::now(), &t);
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One commit probe into the next block of the WAL probe file, counted
+    /// but not recorded; its times when it succeeded.
+    fn commit_once(
+        &mut self,
+        engine: &mut Engine,
+        wal: &File,
+        wal_block: &mut u64,
+    ) -> Option<CommitTiming> {
         let offset = *wal_block * BLOCK_SIZE as u64;
         // Cycle through the file like PostgreSQL through a recycled
         // segment: overwrite preallocated blocks, never extend.
@@ -507,29 +571,30 @@ impl Runner {
         self.state.begin(Op::Commit);
         let r = engine.commit(raw(wal), offset, self.cfg.probe.sync_method);
         self.state.end();
-        let at = Instant::now();
         match r {
             Ok(t) => {
                 self.state.count_commit_probe();
-                if let Some(phase) = phase {
-                    let mut samples = [(Op::Write, t.write.as_secs_f64()); 3];
-                    let mut n = 1;
-                    if let Some(s) = t.sync {
-                        samples[n] = (Op::Sync, s.as_secs_f64());
-                        n += 1;
-                    }
-                    samples[n] = (Op::Commit, t.commit.as_secs_f64());
-                    n += 1;
-                    self.state.record_all(phase, at, &samples[..n]);
-                }
                 self.succeeded(Op::Commit);
-                true
+                Some(t)
             }
             Err(f) => {
                 self.failed(f);
-                false
+                None
             }
         }
+    }
+
+    /// Records a commit probe's write, sync and commit times under `phase`.
+    fn record_commit(&self, phase: Phase, at: Instant, t: &CommitTiming) {
+        let mut samples = [(Op::Write, t.write.as_secs_f64()); 3];
+        let mut n = 1;
+        if let Some(s) = t.sync {
+            samples[n] = (Op::Sync, s.as_secs_f64());
+            n += 1;
+        }
+        samples[n] = (Op::Commit, t.commit.as_secs_f64());
+        n += 1;
+        self.state.record_all(phase, at, &samples[..n]);
     }
 
     /// One read probe at `offset`; recorded under `phase`, or not at all

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::model::pacing::ReadBurstPlan;
+use crate::model::pacing::{CommitBurstPlan, ReadBurstPlan};
 use crate::types::{EngineChoice, SyncMethod};
 use crate::units::{fmt_bytes, fmt_duration};
 
@@ -29,6 +29,18 @@ pub const MAX_WINDOW_SAMPLES: u64 = 100_000;
 /// pause took about 530, 190, 170, 140, 130 µs, and reached the back-to-back
 /// figure (±10 %) only after about eight.
 pub const BURST_COMMITS: u32 = 24;
+/// How a burst's commits run: at least [`BURST_COMMITS`]; a burst that
+/// meets a throttle's wait goes on for a second after it (ten slices of a
+/// v1 blkio throttle; a cloud volume's accounting period may be longer,
+/// and then the burst holds at least one whole period), at most 256
+/// commits. Why: [`CommitBurstPlan`]. The next burst waits the longer in
+/// proportion, so the bursts' share of the device writes stays as
+/// configured.
+pub const COMMIT_BURST: CommitBurstPlan = CommitBurstPlan {
+    least: BURST_COMMITS,
+    span: Duration::from_secs(1),
+    most: 256,
+};
 /// How a burst's reads, after its commits, are recorded: 32 warm-up reads
 /// (reads need longer to converge than commits: about 30 on the build
 /// machine), then every read that starts within 8 ms of the first recorded

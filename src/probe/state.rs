@@ -60,6 +60,8 @@ pub struct VolumeState {
     /// write-IOPS cap that counts them. Set by the limits collector, read by
     /// the probe thread before each sleep.
     slowdown_milli: AtomicU64,
+    /// The latest burst's commits as a multiple of BURST_COMMITS (×1000).
+    burst_stretch_milli: AtomicU64,
     /// Commit probes done since start, warm-ups of bursts included: the
     /// divisor of the exporter's own device writes per commit.
     commit_probes: AtomicU64,
@@ -143,6 +145,7 @@ impl VolumeState {
             probe_dir: Mutex::new(None),
             sweep: Mutex::new(None),
             slowdown_milli: AtomicU64::new(1000),
+            burst_stretch_milli: AtomicU64::new(1000),
             commit_probes: AtomicU64::new(0),
         }
     }
@@ -179,6 +182,23 @@ impl VolumeState {
             1000
         };
         self.slowdown_milli.swap(milli, Ordering::Relaxed) as f64 / 1000.0
+    }
+
+    /// How many times the usual length the latest commit burst was: above
+    /// 1 when it met a throttle and ran on for whole cycles. The next burst
+    /// is put off by the same factor.
+    pub fn burst_stretch(&self) -> f64 {
+        self.burst_stretch_milli.load(Ordering::Relaxed) as f64 / 1000.0
+    }
+
+    /// Sets [`Self::burst_stretch`]; values below 1 mean 1.
+    pub fn set_burst_stretch(&self, factor: f64) {
+        let milli = if factor.is_finite() {
+            (factor.max(1.0) * 1000.0).round().min(1e9) as u64
+        } else {
+            1000
+        };
+        self.burst_stretch_milli.store(milli, Ordering::Relaxed);
     }
 
     pub fn set_engine(&self, kind: EngineKind) {
@@ -318,7 +338,7 @@ impl VolumeState {
                     self.window,
                     self.busy_every,
                     self.interval,
-                    self.slowdown(),
+                    self.slowdown() * self.burst_stretch(),
                 )
             }),
         }
@@ -368,6 +388,14 @@ impl Snapshot {
     pub fn rate_sync_mean(&self) -> Option<f64> {
         let phase = self.rate_phase(Op::Commit)?;
         self.mean(Op::Sync, phase).or(self.mean(Op::Commit, phase))
+    }
+
+    /// Window mean of `op` in [`Self::rate_phase`], if rates may use it
+    /// yet: the time per operation a client doing them back to back
+    /// spends, whose inverse is its rate.
+    pub fn rate_mean(&self, op: Op) -> Option<f64> {
+        let phase = self.rate_phase(op)?;
+        self.mean(op, phase)
     }
 
     /// Window quantiles of `op` in [`Self::rate_phase`], if rates may use

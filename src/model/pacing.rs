@@ -352,7 +352,6 @@ mod tests {
         }
     }
 
-
     const CPLAN: CommitBurstPlan = CommitBurstPlan {
         least: 24,
         span: Duration::from_secs(1),

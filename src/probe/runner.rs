@@ -480,7 +480,8 @@ impl Runner {
         if let Some(wal) = &p.wal {
             let start = Instant::now();
             let mut plan = CommitBurst::new(COMMIT_BURST);
-            let mut done: Vec<(Instant, CommitTiming)> = Vec::with_capacity(COMMIT_BURST.most as usize);
+            let mut done: Vec<(Instant, CommitTiming)> =
+                Vec::with_capacity(COMMIT_BURST.most as usize);
             let mut failed = false;
             while plan.more(start.elapsed()) {
                 if self.stop.is_stopped() {

@@ -159,10 +159,18 @@ mod tests {
         }
     }
 
+    /// (what the case shows, the caps known, the binding one as (source,
+    /// resource, value)).
+    type Case = (
+        &'static str,
+        Vec<WriteCap<'static>>,
+        Option<(&'static str, Resource, f64)>,
+    );
+
     #[test]
     fn the_tightest_cap_on_writes_binds() {
         use Resource::*;
-        let cases: &[(&str, Vec<WriteCap<'static>>, Option<(&str, Resource, f64)>)] = &[
+        let cases: &[Case] = &[
             ("nothing known", vec![], None),
             (
                 // A gp3 volume's 3,000 IOPS in the config, a PostgreSQL

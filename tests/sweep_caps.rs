@@ -274,7 +274,7 @@ fn a_write_cap_found_by_the_sweep_is_the_cap_commit_ceiling() {
             "limits_interval = \"1s\"\ncgroup_root = \"{}\"\n\
              [[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"commit\", \"read\"]\n\
              read_file_size = \"16MiB\"\nfree_space_reserve = \"0\"\n\
-             sweep_every = \"1h\"\nsweep_duration = \"20s\"\n",
+             sweep_every = \"1h\"\nsweep_duration = \"28s\"\n",
             empty.display(),
             fx.mnt.display()
         ),
@@ -337,8 +337,11 @@ fn a_write_cap_found_by_the_sweep_is_the_cap_commit_ceiling() {
         (0.85..=1.2).contains(&(ceiling / (CAP as f64 / 2.0))),
         "cap ceiling {ceiling} for a {CAP}-IOPS cap"
     );
+    // Both figures are one throttle's rate, read over a few seconds in
+    // 100 ms slices: up to about 1 % apart either way by reading alone
+    // (1.003-1.015 in five runs, the plateau 100.4-101.6, fio 50.0-50.1).
     assert!(
-        (1.0..=1.35).contains(&(ceiling / fio)),
+        (0.98..=1.35).contains(&(ceiling / fio)),
         "cap ceiling {ceiling} vs fio's one client {fio}"
     );
     assert!(slowdown > 1.0, "probes not stretched under a {plateau} cap");

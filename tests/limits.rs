@@ -150,6 +150,20 @@ fn write_iops_cap_on_the_wal_device_is_the_commit_ceiling() {
         "pgstorage_commit_ceiling_per_second{volume=\"c/wal\",basis=\"cap\"}",
     )
     .unwrap();
+    // PostgreSQL's cgroup throttle, over the writes the exporter's own
+    // cgroup counted per probe.
+    assert_eq!(
+        sample(
+            &m,
+            "pgstorage_commit_ceiling_cap_info{volume=\"c/wal\",source=\"cgroup\",resource=\"write_iops\",writes_per_commit=\"measured\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        (cap - 100.0 / wpp).abs() < 1e-9,
+        "cap ceiling {cap}, {wpp} writes per probe"
+    );
     let postgres = sample(
         &m,
         "pgstorage_commit_ceiling_per_second{volume=\"c/wal\",basis=\"postgres\"}",

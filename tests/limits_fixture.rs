@@ -83,6 +83,25 @@ fn configured_cgroup_and_provisioned_limits() {
         Some(1.0),
         "{m}"
     );
+    // The cap basis: the configured cgroup's 500 write IOPS bind before
+    // the provisioned 3,000 IOPS, over the default 2 device writes per
+    // commit (the exporter's own count is not attributable here).
+    assert_eq!(
+        sample(
+            &m,
+            "pgstorage_commit_ceiling_per_second{volume=\"v\",basis=\"cap\"}"
+        ),
+        Some(250.0),
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "pgstorage_commit_ceiling_cap_info{volume=\"v\",source=\"cgroup\",resource=\"write_iops\",writes_per_commit=\"default\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
     let u = sample(&m, "pgstorage_io_limit_utilization_ratio{volume=\"v\",source=\"cgroup\",resource=\"write_iops\"}").unwrap();
     assert_eq!(u, 0.0, "the fixture's io.stat does not move");
     // Every file the pass needed was read: the collector succeeded.
@@ -100,6 +119,56 @@ fn configured_cgroup_and_provisioned_limits() {
         info[0].0.contains("disk=\"") && !info[0].0.contains("disk=\"unknown\""),
         "{}",
         info[0].0
+    );
+}
+
+/// A write-IOPS cap given only in the configuration (a cloud volume's
+/// provisioned figure, which the guest cannot read) sets the cap commit
+/// ceiling; a combined `iops` cap takes part as well, and the tighter one
+/// binds. cgroup reading is off.
+#[test]
+fn a_provisioned_write_iops_cap_sets_the_cap_ceiling() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    let empty = dir.path().join("no-cgroups");
+    std::fs::create_dir(&empty).unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "limits_interval = \"500ms\"\ncgroup_root = \"{}\"\n\
+             [[volume]]\nname = \"v\"\npath = \"{}\"\nread_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n\
+             provisioned_write_iops = 400\nprovisioned_iops = 3000\n",
+            empty.display(),
+            vol.display()
+        ),
+    )
+    .unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let m = ex.wait_for("the cap ceiling", Duration::from_secs(30), |m| {
+        sample(
+            m,
+            "pgstorage_commit_ceiling_per_second{volume=\"v\",basis=\"cap\"}",
+        )
+        .is_some()
+    });
+    assert_eq!(
+        sample(
+            &m,
+            "pgstorage_commit_ceiling_per_second{volume=\"v\",basis=\"cap\"}"
+        ),
+        Some(200.0),
+        "{m}"
+    );
+    let info = samples_with(&m, "pgstorage_commit_ceiling_cap_info", &[]);
+    assert_eq!(
+        info,
+        vec![(
+            "pgstorage_commit_ceiling_cap_info{volume=\"v\",source=\"provisioned\",resource=\"write_iops\",writes_per_commit=\"default\"}".to_string(),
+            1.0
+        )],
+        "{m}"
     );
 }
 

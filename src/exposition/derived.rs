@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::families::gauge;
 use crate::limits::LimitsSnapshot;
+use crate::limits::caps::CapBasis;
 use crate::model::ceiling::{commit_ceiling, rate_ceiling, sync_ratio};
 use crate::model::plateau::DepthPoint;
 use crate::postgres::ClusterSnapshot;
@@ -25,10 +26,23 @@ struct SweepRow<'a> {
     point: DepthPoint,
 }
 
-fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
-    let cap = limits.write_iops_limit(volume)?;
-    let wpp = limits.writes_per_probe.get(volume).copied()?;
-    crate::model::ceiling::capped_ceiling(cap, wpp)
+/// The `cap` basis of a volume where commits happen (it runs the commit
+/// probe or holds a cluster's WAL): the tightest known cap on device
+/// writes (cgroup, provisioned or the sweep's plateau) over the device
+/// writes per commit, measured or the default (`limits::caps`).
+fn cap_basis<'a>(
+    limits: &'a LimitsSnapshot,
+    v: &VolumeState,
+    clusters: &[ClusterSnapshot],
+) -> Option<CapBasis<'a>> {
+    let commits = v.commit_probe
+        || clusters
+            .iter()
+            .any(|c| c.wal_volume() == Some(v.name.as_str()));
+    if !commits {
+        return None;
+    }
+    limits.cap_basis(&v.name)
 }
 
 /// The least one commit takes by PostgreSQL's own figures, the `postgres`
@@ -66,8 +80,8 @@ pub fn commit_bases(
             bases.push(("postgres", ceiling));
         }
     }
-    if let Some(c) = cap_ceiling(limits, &v.name) {
-        bases.push(("cap", c));
+    if let Some(c) = cap_basis(limits, v, clusters) {
+        bases.push(("cap", c.ceiling));
     }
     bases
 }
@@ -197,12 +211,15 @@ pub fn encode(
             ceilings.push(([("volume", vol), ("basis", "postgres")], ceiling));
         }
     }
-    // basis=cap: the write-IOPS cap divided by the device writes one commit
-    // probe costs (measured by the limits collector).
-    for (v, _) in snaps {
-        if let Some(c) = cap_ceiling(limits, &v.name) {
-            ceilings.push(([("volume", v.name.as_str()), ("basis", "cap")], c));
-        }
+    // basis=cap: the tightest write-IOPS cap divided by the device writes
+    // one commit costs; which cap and which divisor in the info family
+    // below, so the basis label stays one of a fixed few.
+    let caps: Vec<(&str, CapBasis<'_>)> = snaps
+        .iter()
+        .filter_map(|(v, _)| cap_basis(limits, v, clusters).map(|c| (v.name.as_str(), c)))
+        .collect();
+    for (volume, c) in &caps {
+        ceilings.push(([("volume", *volume), ("basis", "cap")], c.ceiling));
     }
     gauge(
         enc,
@@ -214,10 +231,32 @@ pub fn encode(
          the after_idle ones when busy_every is 0. \
          basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
          window plus the fastest round trip of a trivial query (pgstorage_pg_round_trip_seconds, \
-         local connections only), on the cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
-         per commit probe (docs/ceilings.md). The rest of a statement's work and network round trips come \
+         local connections only), on the cluster's WAL volume; basis=cap is the tightest write-IOPS cap \
+         known (cgroup, provisioned, or the sweep's detected plateau) divided by the device writes per \
+         commit, measured or 2 (pgstorage_commit_ceiling_cap_info says which; docs/ceilings.md). The rest of a statement's work and network round trips come \
          on top; group commit lets many clients together exceed it.",
         ceilings,
+    )?;
+
+    gauge(
+        enc,
+        "pgstorage_commit_ceiling_cap_info",
+        "Always 1: what the volume's basis=cap commit ceiling is computed from. source and resource \
+         name the binding cap as pgstorage_io_limit does (the lowest write_iops or iops cap; on a tie \
+         cgroup, then provisioned, then detected); writes_per_commit=measured when the divisor is \
+         pgstorage_probe_device_writes_per_commit, default when it is 2 (ext4 and XFS; no count \
+         could be attributed to the probes).",
+        caps.iter().map(|(volume, c)| {
+            (
+                [
+                    ("volume", *volume),
+                    ("source", c.cap.source),
+                    ("resource", c.cap.resource.as_str()),
+                    ("writes_per_commit", c.writes_source.as_str()),
+                ],
+                1.0,
+            )
+        }),
     )?;
 
     let mut in_force = Vec::new();

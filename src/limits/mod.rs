@@ -12,8 +12,10 @@
 //!   sweep (read and write IOPS and bandwidth); utilization as for
 //!   provisioned limits.
 //!
-//! The capped commit ceiling needs to know how many device writes one
-//! commit probe costs. That is measured, not assumed: the exporter's own
+//! The capped commit ceiling is the tightest of these caps on device
+//! writes ([`caps`] says which take part and why) over how many device
+//! writes one commit probe costs. That is measured where it can be
+//! attributed (else taken as two, what ext4 and XFS write): the exporter's own
 //! cgroup counts the IOs its threads issue on each disk (io.stat in v2,
 //! blkio.throttle.io_serviced in v1), so Δ(write IOs) / Δ(commit probes)
 //! over an interval is the cost of one probe as the throttle sees it. It is
@@ -22,6 +24,7 @@
 //! or one shared with other processes, their IO is mixed in and no figure
 //! is published.
 
+pub mod caps;
 pub mod cgroup;
 pub mod diskstats;
 pub mod ebs;
@@ -115,6 +118,24 @@ impl LimitsSnapshot {
                 Some(c) => clusters.contains(&c),
                 None => true,
             });
+    }
+
+    /// The volume's `cap` commit ceiling: the tightest of its caps on
+    /// device writes (cgroup, provisioned, detected; [`caps`]) over its
+    /// measured device writes per commit probe, or the default where none
+    /// is measured.
+    pub fn cap_basis(&self, volume: &str) -> Option<caps::CapBasis<'_>> {
+        caps::cap_basis(
+            self.rows
+                .iter()
+                .filter(|r| r.volume == volume)
+                .map(|r| caps::WriteCap {
+                    source: r.source,
+                    resource: r.resource,
+                    value: r.value,
+                }),
+            self.writes_per_probe.get(volume).copied(),
+        )
     }
 
     /// The write-IOPS cgroup limit of a volume, if any.
@@ -493,13 +514,20 @@ fn collect(
             out.writes_per_probe.insert(v.name.clone(), *w);
         }
         // Caps that count the probes' own writes: the exporter's own cgroup
-        // path (whatever ancestor sets it) and the provisioned figures. A cap
-        // on PostgreSQL's cgroup alone does not see the probes.
+        // path (whatever ancestor sets it), the provisioned figures and the
+        // sweep's write-IOPS plateau (found with the exporter's own writes,
+        // so whatever enforces it counts them). A cap on PostgreSQL's cgroup
+        // alone does not see the probes.
         let provisioned = v
             .provisioned
             .iter()
             .filter(|(r, _)| r.counts_writes())
             .map(|(_, n)| *n as f64);
+        let detected = v
+            .detected
+            .iter()
+            .filter(|(r, n)| r.counts_writes() && *n > 0.0)
+            .map(|(_, n)| *n);
         let planned = if v.commit_probe {
             let wpc = prev
                 .wpp
@@ -521,7 +549,7 @@ fn collect(
             });
             (own_cap, 0.0)
         });
-        e.0 = provisioned.chain(e.0).reduce(f64::min);
+        e.0 = provisioned.chain(detected).chain(e.0).reduce(f64::min);
         e.1 += planned;
     }
     for v in vols {

@@ -9,6 +9,8 @@ use super::*;
 struct Fake {
     volumes: Vec<VolumeInput>,
     clusters: Vec<ClusterInput>,
+    /// The latest factor set per volume.
+    slowdowns: Mutex<BTreeMap<String, f64>>,
 }
 
 impl Inputs for Fake {
@@ -18,7 +20,10 @@ impl Inputs for Fake {
     fn clusters(&self) -> Vec<ClusterInput> {
         self.clusters.clone()
     }
-    fn set_slowdown(&self, _: &str, factor: f64) -> f64 {
+    fn set_slowdown(&self, volume: &str, factor: f64) -> f64 {
+        if let Ok(mut m) = self.slowdowns.lock() {
+            m.insert(volume.to_string(), factor);
+        }
         factor
     }
 }
@@ -98,6 +103,7 @@ fn inputs(h: &Host) -> Fake {
             data_directory: Some(h.data.clone()),
             volumes: vec![("c/wal".into(), "wal".into())],
         }],
+        ..Default::default()
     }
 }
 
@@ -238,4 +244,64 @@ fn sweep_plateaus_are_detected_rows_with_the_disks_utilization() {
     // The provisioned row is computed the same way: 300 IOs of 3000.
     let prov = s.rows.iter().find(|r| r.source == "provisioned").unwrap();
     assert!((prov.utilization.unwrap() / iops - 0.1).abs() < 1e-9);
+}
+
+/// The cap basis takes every known cap on writes: PostgreSQL's cgroup
+/// throttle (100 write IOPS in the fixture), the provisioned 3,000 IOPS,
+/// and a sweep's plateau when it is tighter. Without the exporter's own
+/// count of writes per probe the divisor is the default 2.
+#[test]
+fn the_cap_basis_is_the_tightest_known_cap_over_writes_per_commit() {
+    let h = host();
+    let mut f = inputs(&h);
+    f.volumes[0].commit_probe = true;
+    let mut prev = Prev::default();
+    let s = run(&h, &f, &mut prev);
+    let b = s.cap_basis("c/wal").unwrap();
+    assert_eq!(
+        (b.cap.source, b.cap.resource),
+        ("cgroup", Resource::WriteIops)
+    );
+    assert_eq!(b.writes_source, caps::WritesPerCommit::Default);
+    assert_eq!(b.ceiling, 50.0);
+
+    f.volumes[0].detected = vec![(Resource::WriteIops, 60.0)];
+    let s = run(&h, &f, &mut prev);
+    let b = s.cap_basis("c/wal").unwrap();
+    assert_eq!((b.cap.source, b.ceiling), ("detected", 30.0));
+
+    // Nothing that caps writes: no basis.
+    f.volumes[0].detected = vec![(Resource::ReadIops, 2000.0)];
+    f.volumes[0].provisioned = vec![(Resource::ReadIops, 3000)];
+    std::fs::write(
+        h.cfg
+            .cgroup_root
+            .join("system.slice/postgresql.service/io.max"),
+        "254:0 rbps=max wbps=max riops=500 wiops=max\n",
+    )
+    .unwrap();
+    let s = run(&h, &f, &mut prev);
+    assert!(s.cap_basis("c/wal").is_none(), "{:?}", s.rows);
+}
+
+/// The probes' 2 % share of a cap counts a detected write plateau too: it
+/// was found with the exporter's own writes, so whatever enforces it
+/// counts the probes. At a 1 s interval and a 24-commit burst every 10 s,
+/// 3.4 commits/s of 2 writes are 6.8 writes/s: 2 % of a 100-IOPS plateau
+/// is 2, a 3.4x stretch; 2 % of the provisioned 3,000 is 60, none.
+#[test]
+fn a_detected_write_plateau_stretches_the_probe_schedule() {
+    let h = host();
+    let mut f = inputs(&h);
+    // No cluster: the exporter's own cgroup (no cap in the fixture).
+    f.clusters.clear();
+    f.volumes[0].commit_probe = true;
+    f.volumes[0].busy_every = Duration::from_secs(10);
+    let mut prev = Prev::default();
+    run(&h, &f, &mut prev);
+    assert_eq!(f.slowdowns.lock().unwrap().get("c/wal"), Some(&1.0));
+    f.volumes[0].detected = vec![(Resource::WriteIops, 100.0)];
+    run(&h, &f, &mut prev);
+    let got = *f.slowdowns.lock().unwrap().get("c/wal").unwrap();
+    assert!((got - 3.4).abs() < 1e-9, "slowdown {got}");
 }

@@ -53,6 +53,9 @@ impl Inputs for LimitsInputs {
                                 .collect()
                         })
                         .unwrap_or_default(),
+                    throttled_write_iops: v
+                        .throttled_commit_rate()
+                        .map(|r| r * crate::model::pacing::DEFAULT_WRITES_PER_COMMIT),
                 }
             })
             .collect()

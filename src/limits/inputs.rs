@@ -40,6 +40,11 @@ pub struct VolumeInput {
     /// showed one (`read_iops`, `write_iops`, `read_bytes_per_second`,
     /// `write_bytes_per_second`).
     pub detected: Vec<(Resource, f64)>,
+    /// The device writes per second a write throttle let the commit
+    /// probe's latest burst make, when the burst met one: whole throttle
+    /// cycles' commits per second times the writes one costs. It counts
+    /// the exporter's own writes, so the probes keep under 2 % of it too.
+    pub throttled_write_iops: Option<f64>,
 }
 
 /// One watched PostgreSQL cluster.

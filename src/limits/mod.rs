@@ -549,7 +549,11 @@ fn collect(
             });
             (own_cap, 0.0)
         });
-        e.0 = provisioned.chain(detected).chain(e.0).reduce(f64::min);
+        e.0 = provisioned
+            .chain(detected)
+            .chain(v.throttled_write_iops)
+            .chain(e.0)
+            .reduce(f64::min);
         e.1 += planned;
     }
     for v in vols {

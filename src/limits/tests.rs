@@ -43,6 +43,7 @@ fn volume(name: &str) -> VolumeInput {
         burst_commits: 24,
         commit_probes: 0,
         detected: Vec::new(),
+        throttled_write_iops: None,
     }
 }
 
@@ -304,4 +305,17 @@ fn a_detected_write_plateau_stretches_the_probe_schedule() {
     run(&h, &f, &mut prev);
     let got = *f.slowdowns.lock().unwrap().get("c/wal").unwrap();
     assert!((got - 3.4).abs() < 1e-9, "slowdown {got}");
+    // A throttle the probe's bursts met counts the same way: 50 commits/s
+    // over its whole cycles at 2 writes each is a 100-IOPS cap. It feeds
+    // no cap basis (the probe's own basis has it).
+    f.volumes[0].detected.clear();
+    f.volumes[0].throttled_write_iops = Some(100.0);
+    let s = run(&h, &f, &mut prev);
+    let got = *f.slowdowns.lock().unwrap().get("c/wal").unwrap();
+    assert!((got - 3.4).abs() < 1e-9, "slowdown {got}");
+    let b = s.cap_basis("c/wal").unwrap();
+    assert_eq!(b.cap.source, "provisioned", "{:?}", s.rows);
+    f.volumes[0].throttled_write_iops = None;
+    run(&h, &f, &mut prev);
+    assert_eq!(f.slowdowns.lock().unwrap().get("c/wal"), Some(&1.0));
 }

@@ -261,6 +261,12 @@ pub const CYCLE_WAIT_SHARE: f64 = 0.5;
 /// else the second half. The first commit is never a wait (it follows a
 /// pause).
 pub fn steady_commits(latencies: &[f64]) -> std::ops::Range<usize> {
+    whole_cycles(latencies).unwrap_or(latencies.len() / 2..latencies.len())
+}
+
+/// The whole throttle cycles of a finished burst, as [`steady_commits`]
+/// takes them; `None` when it has fewer than two slice waits.
+pub fn whole_cycles(latencies: &[f64]) -> Option<std::ops::Range<usize>> {
     let longest = latencies.iter().skip(1).copied().fold(0.0, f64::max);
     let mut fastest = f64::INFINITY;
     let mut first = None;
@@ -273,8 +279,8 @@ pub fn steady_commits(latencies: &[f64]) -> std::ops::Range<usize> {
         fastest = fastest.min(s);
     }
     match (first, last) {
-        (Some(f), Some(l)) if l > f => f + 1..l + 1,
-        _ => latencies.len() / 2..latencies.len(),
+        (Some(f), Some(l)) if l > f => Some(f + 1..l + 1),
+        _ => None,
     }
 }
 

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
-use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, steady_commits};
+use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, steady_commits, whole_cycles};
 use crate::probe::engine::{CommitTiming, Engine};
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{
@@ -504,6 +504,11 @@ impl Runner {
             if !failed {
                 let lat: Vec<f64> = done.iter().map(|(_, t)| t.commit.as_secs_f64()).collect();
                 let steady = steady_commits(&lat);
+                let throttled = whole_cycles(&lat).and_then(|r| {
+                    let n = r.len() as f64;
+                    crate::model::ceiling::commit_ceiling(lat[r].iter().sum::<f64>() / n)
+                });
+                self.state.set_throttled_commit_rate(throttled);
                 tracing::debug!(
                     volume = %self.cfg.name,
                     commits = lat.len(),

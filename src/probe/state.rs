@@ -62,6 +62,9 @@ pub struct VolumeState {
     slowdown_milli: AtomicU64,
     /// The latest burst's commits as a multiple of BURST_COMMITS (×1000).
     burst_stretch_milli: AtomicU64,
+    /// Commits per second (×1000) over the whole throttle cycles of the
+    /// latest burst; 0 when it met no throttle.
+    throttled_rate_milli: AtomicU64,
     /// Commit probes done since start, warm-ups of bursts included: the
     /// divisor of the exporter's own device writes per commit.
     commit_probes: AtomicU64,
@@ -146,6 +149,7 @@ impl VolumeState {
             sweep: Mutex::new(None),
             slowdown_milli: AtomicU64::new(1000),
             burst_stretch_milli: AtomicU64::new(1000),
+            throttled_rate_milli: AtomicU64::new(0),
             commit_probes: AtomicU64::new(0),
         }
     }
@@ -199,6 +203,21 @@ impl VolumeState {
             1000
         };
         self.burst_stretch_milli.store(milli, Ordering::Relaxed);
+    }
+
+    /// The commit rate a throttle allowed the latest burst (commits per
+    /// second over its whole throttle cycles); `None` when it met none.
+    pub fn throttled_commit_rate(&self) -> Option<f64> {
+        let milli = self.throttled_rate_milli.load(Ordering::Relaxed);
+        (milli > 0).then(|| milli as f64 / 1000.0)
+    }
+
+    /// Sets [`Self::throttled_commit_rate`].
+    pub fn set_throttled_commit_rate(&self, rate: Option<f64>) {
+        let milli = rate
+            .filter(|r| r.is_finite() && *r > 0.0)
+            .map_or(0, |r| (r * 1000.0).round().clamp(1.0, 1e12) as u64);
+        self.throttled_rate_milli.store(milli, Ordering::Relaxed);
     }
 
     pub fn set_engine(&self, kind: EngineKind) {

@@ -257,6 +257,7 @@ fn vol(name: &str, majmin: Option<&str>) -> VolumeInput {
         burst_commits: 0,
         commit_probes: 0,
         detected: Vec::new(),
+        throttled_write_iops: None,
     }
 }
 

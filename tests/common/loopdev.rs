@@ -73,6 +73,60 @@ pub fn can_run_with(test: &str, needs_blkio: bool, tools: &[&str]) -> bool {
     }
 }
 
+/// One client's back-to-back commits measured by fio: see [`fio_commits`].
+#[derive(Debug, Clone, Copy)]
+pub struct FioCommits {
+    /// Commits (write + fdatasync) completed per second.
+    pub per_second: f64,
+    /// Commits completed in the run.
+    pub count: u64,
+}
+
+/// One client's commit rate in `dir` inside the blkio `group`: fio, one
+/// job, 8 KiB sequential writes each followed by an fdatasync, back to
+/// back, for `seconds` (the WAL writer's pattern, with no think time). The
+/// 16 MiB file is laid out and synced outside the group first, so the
+/// timed run overwrites allocated blocks as PostgreSQL does in recycled
+/// WAL segments, and pays no layout IO against the group's throttle.
+pub fn fio_commits(dir: &Path, group: &Path, seconds: u32) -> FioCommits {
+    std::fs::create_dir_all(dir).unwrap();
+    let job = |extra: &[String]| {
+        let mut c = Command::new("fio");
+        c.args([
+            "--name=commits",
+            // One process: fio's forked jobs would not be the child we hold.
+            "--thread",
+            "--rw=write",
+            "--bs=8k",
+            "--ioengine=sync",
+            "--fdatasync=1",
+            "--size=16M",
+            "--overwrite=1",
+            "--output-format=json",
+        ])
+        .arg(format!("--directory={}", dir.display()))
+        .args(extra);
+        c
+    };
+    let out = job(&["--create_only=1".into()]).output().unwrap();
+    assert!(out.status.success(), "fio layout: {out:?}");
+    run("sync", &["-f", dir.to_str().unwrap()]);
+    let mut timed = job(&["--time_based".into(), format!("--runtime={seconds}")]);
+    super::join_cgroup_before_exec(&mut timed, &group.join("cgroup.procs"));
+    let out = timed.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "fio: {out:?}");
+    // fio prints notes before the JSON document on some versions.
+    let json = &text[text.find('{').unwrap_or(0)..];
+    let v: serde_json::Value =
+        serde_json::from_str(json).unwrap_or_else(|e| panic!("fio output: {e}: {text}"));
+    let w = &v["jobs"][0]["write"];
+    let per_second = w["iops"].as_f64().unwrap();
+    let count = w["total_ios"].as_u64().unwrap();
+    assert!(count > 0 && per_second > 0.0, "fio did no commit: {text}");
+    FioCommits { per_second, count }
+}
+
 pub struct LoopVolume {
     _tmp: tempfile::TempDir,
     pub mnt: PathBuf,

@@ -67,6 +67,30 @@ impl Exporter {
         Self::spawn(cmd)
     }
 
+    /// Starts the exporter with exactly these args inside the cgroup (the
+    /// `cgroup.procs` file given, joined before exec) and in a mount
+    /// namespace of its own where an empty tmpfs covers /sys/fs/cgroup: the
+    /// group's limits apply to its IO but it cannot read them, as a cloud
+    /// volume's cap applies to a guest that has no file to read it from.
+    /// Needs root and `unshare` (util-linux). The private namespace keeps
+    /// the tmpfs from showing on the host.
+    pub fn start_hidden_in(args: &[&str], cgroup_procs: &Path) -> Exporter {
+        let mut cmd = Command::new("unshare");
+        cmd.args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            // exec twice: the pid the test holds is the exporter itself.
+            "mount -t tmpfs none /sys/fs/cgroup && exec \"$0\" \"$@\"",
+            BIN,
+        ]);
+        cmd.args(args);
+        join_cgroup_before_exec(&mut cmd, cgroup_procs);
+        Self::spawn(cmd)
+    }
+
     /// Starts a prepared command (BIN with args, uid, ...), reading its log.
     pub fn spawn(mut cmd: Command) -> Exporter {
         cmd.stdout(Stdio::null()).stderr(Stdio::piped());

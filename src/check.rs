@@ -161,6 +161,31 @@ pub fn audit_only(path: &Path) -> anyhow::Result<AuditReport> {
     Ok(audit(&path, None))
 }
 
+/// `check --audit-only`'s text: the verdict of the findings, then the
+/// findings.
+pub fn render_audit_only_text(a: &AuditReport) -> String {
+    let mut o = String::new();
+    write_verdict(&mut o, &audit_verdict(a));
+    o.push_str(&render_audit_text(a));
+    o
+}
+
+/// `check --audit-only`'s JSON: the audit with its verdict.
+pub fn render_audit_only_json(a: &AuditReport) -> anyhow::Result<String> {
+    #[derive(Serialize)]
+    struct AuditOnly<'a> {
+        #[serde(flatten)]
+        audit: &'a AuditReport,
+        verdict: Verdict,
+    }
+    serde_json::to_string_pretty(&AuditOnly {
+        audit: a,
+        verdict: audit_verdict(a),
+    })
+    .map(|s| s + "\n")
+    .context("encoding JSON")
+}
+
 pub fn render_audit_text(a: &AuditReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
@@ -207,12 +232,6 @@ pub fn render_audit_text(a: &AuditReport) -> String {
         let _ = writeln!(o, "  could not read {e}");
     }
     o
-}
-
-pub fn render_audit_json(a: &AuditReport) -> anyhow::Result<String> {
-    serde_json::to_string_pretty(a)
-        .map(|s| s + "\n")
-        .context("encoding JSON")
 }
 
 fn new_hist() -> anyhow::Result<Histogram<u64>> {
@@ -407,9 +426,22 @@ pub fn judge(r: &Report) -> Verdict {
         code: "cgroup_write_iops_cap".to_string(),
         message: format!("this cgroup caps writes to the volume's disk at {c} IOPS{ceiling}"),
     });
-    let a = &r.audit;
-    let audit = a
-        .volume
+    verdict::judge(
+        probe
+            .chain(plateaus)
+            .chain(cgroup)
+            .chain(audit_reasons(&r.audit)),
+    )
+}
+
+/// The exit status of a run whose verdict reached `--fail-on`: distinct
+/// from 1 (an error), 2 (invalid input) and 130 (interrupted).
+pub const EXIT_VERDICT: u8 = 3;
+
+/// Each audit finding as a reason, at its own severity (advice, `info`,
+/// sets no level).
+fn audit_reasons(a: &AuditReport) -> impl Iterator<Item = Reason> + '_ {
+    a.volume
         .findings
         .iter()
         .map(|f| ("volume", f))
@@ -429,8 +461,12 @@ pub fn judge(r: &Report) -> Verdict {
             source: scope,
             code: f.code.to_string(),
             message: f.message.clone(),
-        });
-    verdict::judge(probe.chain(plateaus).chain(cgroup).chain(audit))
+        })
+}
+
+/// The verdict of `check --audit-only`: the audit's findings alone.
+pub fn audit_verdict(a: &AuditReport) -> Verdict {
+    verdict::judge(audit_reasons(a))
 }
 
 /// The `write_iops` limit on disk `majmin` that applies to this process:
@@ -872,7 +908,13 @@ fn write_lead(o: &mut String, r: &Report) {
             );
         }
     }
-    let v = &r.verdict;
+    write_verdict(o, &r.verdict);
+}
+
+/// "verdict: LEVEL (n reasons)" and one line per reason; "OK, no warnings"
+/// only when there is no reason at all.
+fn write_verdict(o: &mut String, v: &Verdict) {
+    use std::fmt::Write;
     match v.reasons.len() {
         0 => {
             let _ = writeln!(o, "verdict: OK, no warnings");

@@ -322,15 +322,6 @@ pub enum FailOn {
     Critical,
 }
 
-impl From<FailOn> for crate::model::verdict::Level {
-    fn from(f: FailOn) -> Self {
-        match f {
-            FailOn::Warning => crate::model::verdict::Level::Warning,
-            FailOn::Critical => crate::model::verdict::Level::Critical,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum LogLevel {
     Debug,

@@ -122,9 +122,17 @@ fn verdict_status(
     fail_on: Option<pg_storage_exporter::cli::FailOn>,
     level: pg_storage_exporter::model::verdict::Level,
 ) -> ExitCode {
-    match fail_on {
-        Some(f) if level >= f.into() => ExitCode::from(check::EXIT_VERDICT),
-        _ => ExitCode::SUCCESS,
+    use pg_storage_exporter::cli::FailOn;
+    use pg_storage_exporter::model::verdict::Level;
+    let at = match fail_on {
+        None => return ExitCode::SUCCESS,
+        Some(FailOn::Warning) => Level::Warning,
+        Some(FailOn::Critical) => Level::Critical,
+    };
+    if level >= at {
+        ExitCode::from(check::EXIT_VERDICT)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

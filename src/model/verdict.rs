@@ -269,7 +269,7 @@ pub fn judge(findings: impl IntoIterator<Item = Reason>) -> Verdict {
         .filter(|r| r.level > Level::Ok)
         .collect();
     // Stable: findings of one level keep the order they were given in.
-    reasons.sort_by(|a, b| b.level.cmp(&a.level));
+    reasons.sort_by_key(|r| std::cmp::Reverse(r.level));
     let level = reasons.first().map_or(Level::Ok, |r| r.level);
     Verdict { level, reasons }
 }

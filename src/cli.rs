@@ -215,6 +215,12 @@ pub fn parse() -> Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Probe one directory for a while and print a verdict.
+    ///
+    /// The report opens with the commit ceiling in force (the most commits
+    /// per second one client can do on the volume) and one verdict, ok,
+    /// warning or critical, with its reasons. Exit status: 0 after a run, 1
+    /// on an error, 2 for invalid flags, 3 when --fail-on is given and the
+    /// verdict is at or above its level, 130 when interrupted.
     Check(CheckArgs),
     /// Write the manual page (roff) to stdout, generated from these very
     /// flag definitions so it cannot drift from `--help`; packages install

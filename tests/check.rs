@@ -486,8 +486,8 @@ fn check_in_group(
 /// A 240 write-IOPS v1 blkio throttle on an ext4 loop device, hidden from
 /// `check` (its cgroup files are not visible to it): its sweep finds the
 /// plateau, the verdict is not ok and says so, the `probe_mean` ceiling of
-/// its 5 s run is within [1.00, 1.35] of fio's one client doing 8 KiB write
-/// + fdatasync back to back in the same group, and the ceiling in force
+/// its 5 s run is within [1.00, 1.35] of fio's one client doing an 8 KiB
+/// write and fdatasync back to back in the same group, and the ceiling in force
 /// (the sweep's `cap`, plateau / 2) within [0.98, 1.35]. With the cgroup
 /// visible `check` also reads the cap from it. Needs root, loop devices, v1 blkio, fio and
 /// unshare (skips with the reason otherwise, fails under CI). About 60 s.

@@ -8,7 +8,13 @@
 //! virtual machines often several times the busy figure). Latencies
 //! go into HDR histograms (3 significant digits, bounded memory for any
 //! duration).
+//!
+//! The report leads with the commit ceiling in force (the lowest of
+//! 1 / the busy commits' mean and every write-IOPS cap `check` knows:
+//! its sweep's plateau, its cgroup's limit) and one verdict whose level is
+//! that of its most serious finding: latency warnings, plateaus, the audit.
 
+pub mod ceiling;
 mod progress;
 
 use std::path::{Path, PathBuf};
@@ -18,24 +24,31 @@ use anyhow::{Context, bail};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::model::ceiling::commit_ceiling;
+use crate::model::pacing::DEFAULT_WRITES_PER_COMMIT;
 use crate::model::plateau::DepthPoint;
-use crate::model::verdict::{self, Observed, OpStats, Warning, fmt_seconds};
+use crate::model::verdict::{
+    self, Level, Observed, OpStats, Reason, Verdict, Warning, fmt_seconds,
+};
 use crate::probe::Rng;
 use crate::probe::engine::Engine;
 use crate::probe::files::{ProbeDir, SetupError, raw};
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::placement::{Asker, check_probe_dir};
-use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, WAL_FILE_SIZE};
+use crate::probe::settings::{
+    BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, ProbeSettings, WAL_FILE_SIZE, after_idle_pause,
+};
 use crate::probe::sweep::Table;
 use crate::types::{EngineChoice, EngineKind, Resource, SyncMethod};
 
+use ceiling::{Cap, CapSource, Ceiling};
 use progress::Progress;
 
-/// The idle time before each lone commit. The after-idle cost grows with the
-/// pause and levels off within about 50 ms on the build machine; 250 ms is
-/// well past that and keeps eight of them within two seconds.
-pub const AFTER_IDLE_PAUSE: Duration = Duration::from_millis(250);
+/// The idle time before each lone commit: the daemon's, at its default
+/// interval ([`after_idle_pause`]), so that `check` and the daemon mean the
+/// same by "after a pause". 250 ms keeps eight of them within two seconds.
+pub fn after_idle_pause_default() -> Duration {
+    after_idle_pause(ProbeSettings::default().interval)
+}
 /// Lone commits at most; fewer when the commit half is short.
 const AFTER_IDLE_COMMITS: u32 = 8;
 
@@ -58,6 +71,17 @@ pub struct CheckOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub path: PathBuf,
+    /// The most commits per second one client can do on this volume: the
+    /// lowest of [`Report::commit_ceilings`]. `None` with neither a commit
+    /// probe nor a known write cap.
+    pub commit_ceiling_in_force_per_second: Option<f64>,
+    /// The basis of the ceiling in force: `probe_mean` or `cap`.
+    pub basis: Option<&'static str>,
+    /// The ceiling on every basis `check` has.
+    pub commit_ceilings: Vec<Ceiling>,
+    /// The one verdict: the most serious of the warnings, the sweep's
+    /// plateaus, the cgroup's write cap and the audit's findings.
+    pub verdict: Verdict,
     pub probe_dir: PathBuf,
     pub fstype: String,
     pub device: String,
@@ -70,15 +94,16 @@ pub struct Report {
     pub sync: Option<OpStats>,
     pub commit: Option<OpStats>,
     pub read: Option<OpStats>,
-    /// Lone commits, each after [`AFTER_IDLE_PAUSE`] of idle.
+    /// Lone commits, each after [`after_idle_pause_default`] of idle.
     pub after_idle_commit: Option<OpStats>,
     /// The pause before each of them, in seconds.
     pub after_idle_pause_seconds: f64,
     pub errors: Vec<String>,
     pub reads_total: u64,
     pub cache_served_reads: u64,
-    pub commit_ceiling_p50_per_second: Option<f64>,
-    pub commit_ceiling_p99_per_second: Option<f64>,
+    /// The write-IOPS limit on this volume's disk in the cgroup `check`
+    /// ran in, when it could read one.
+    pub cgroup_write_iops_cap: Option<u64>,
     pub warnings: Vec<Warning>,
     pub interrupted: bool,
     /// The sweep's 8 KiB random reads, when asked for (also the first of
@@ -136,6 +161,31 @@ pub fn audit_only(path: &Path) -> anyhow::Result<AuditReport> {
     Ok(audit(&path, None))
 }
 
+/// `check --audit-only`'s text: the verdict of the findings, then the
+/// findings.
+pub fn render_audit_only_text(a: &AuditReport) -> String {
+    let mut o = String::new();
+    write_verdict(&mut o, &audit_verdict(a));
+    o.push_str(&render_audit_text(a));
+    o
+}
+
+/// `check --audit-only`'s JSON: the audit with its verdict.
+pub fn render_audit_only_json(a: &AuditReport) -> anyhow::Result<String> {
+    #[derive(Serialize)]
+    struct AuditOnly<'a> {
+        #[serde(flatten)]
+        audit: &'a AuditReport,
+        verdict: Verdict,
+    }
+    serde_json::to_string_pretty(&AuditOnly {
+        audit: a,
+        verdict: audit_verdict(a),
+    })
+    .map(|s| s + "\n")
+    .context("encoding JSON")
+}
+
 pub fn render_audit_text(a: &AuditReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
@@ -182,12 +232,6 @@ pub fn render_audit_text(a: &AuditReport) -> String {
         let _ = writeln!(o, "  could not read {e}");
     }
     o
-}
-
-pub fn render_audit_json(a: &AuditReport) -> anyhow::Result<String> {
-    serde_json::to_string_pretty(a)
-        .map(|s| s + "\n")
-        .context("encoding JSON")
 }
 
 fn new_hist() -> anyhow::Result<Histogram<u64>> {
@@ -273,7 +317,31 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         (opts.commit && observed.commit.is_some()).then_some(fast),
     );
     let commit = observed.commit;
-    Ok(Report {
+    let sweep_write_iops = m
+        .sweep
+        .iter()
+        .flatten()
+        .find(|t| t.resource == Resource::WriteIops)
+        .and_then(|t| t.detected);
+    let cgroup_cap = cgroup_write_iops(&fs.majmin);
+    let caps: Vec<Cap> = sweep_write_iops
+        .map(|c| Cap {
+            write_iops: c,
+            source: CapSource::Sweep,
+        })
+        .into_iter()
+        .chain(cgroup_cap.map(|c| Cap {
+            write_iops: c as f64,
+            source: CapSource::Cgroup,
+        }))
+        .collect();
+    let busy = commit.map(|c| (c.count, c.mean, c.max));
+    let commit_ceilings = ceiling::ceilings(busy, &caps, DEFAULT_WRITES_PER_COMMIT);
+    let in_force = ceiling::in_force(&commit_ceilings);
+    let mut report = Report {
+        commit_ceiling_in_force_per_second: in_force.map(|c| c.per_second),
+        basis: in_force.map(|c| c.basis),
+        verdict: verdict::judge([]),
         path,
         probe_dir,
         fstype: fs.fstype.clone(),
@@ -288,19 +356,133 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         commit,
         read: observed.read,
         after_idle_commit: stats(&m.after_idle_commit),
-        after_idle_pause_seconds: AFTER_IDLE_PAUSE.as_secs_f64(),
+        after_idle_pause_seconds: after_idle_pause_default().as_secs_f64(),
         errors: m.errors,
         reads_total: observed.reads_total,
         cache_served_reads: m.cache_served,
-        commit_ceiling_p50_per_second: commit.and_then(|c| commit_ceiling(c.p50)),
-        commit_ceiling_p99_per_second: commit.and_then(|c| commit_ceiling(c.p99)),
+        cgroup_write_iops_cap: cgroup_cap,
         warnings,
         interrupted: crate::sys::interrupted(),
         sweep_plateau_read_iops: read_iops(&m.sweep).and_then(|t| t.detected),
         sweep: read_iops(&m.sweep).map(|t| t.points.clone()),
         sweep_tables: m.sweep,
         audit,
-    })
+        commit_ceilings,
+    };
+    report.judge();
+    Ok(report)
+}
+
+impl Report {
+    /// Sets [`Report::verdict`] from everything the report holds; again
+    /// after a cluster's findings are added to [`Report::audit`].
+    pub fn judge(&mut self) {
+        self.verdict = judge(self);
+    }
+}
+
+/// The one verdict of a report: each warning of the probes, each plateau
+/// of the sweep and a cgroup's write cap at `warning`, each audit finding
+/// at its own severity (advice, `info`, is no reason).
+pub fn judge(r: &Report) -> Verdict {
+    let ceiling = r
+        .commit_ceiling_in_force_per_second
+        .map(|c| format!("; one client's commits: at most {}/s", fmt_rate(c)))
+        .unwrap_or_default();
+    let probe = r.warnings.iter().map(|w| Reason {
+        level: Level::Warning,
+        source: "probe",
+        code: w.code.to_string(),
+        message: w.message.clone(),
+    });
+    let plateaus = r.sweep_tables.iter().flatten().filter_map(|t| {
+        let cap = t.detected?;
+        let w = t.workload();
+        let (value, unit) = if w.in_bytes() {
+            (format!("{:.1}", cap / (1u64 << 20) as f64), "MiB/s")
+        } else {
+            (fmt_rate(cap), "IOPS")
+        };
+        let commits = if t.resource == Resource::WriteIops {
+            ceiling.as_str()
+        } else {
+            ""
+        };
+        Some(Reason {
+            level: Level::Warning,
+            source: "sweep",
+            code: format!("{}_plateau", t.resource.as_str()),
+            message: format!(
+                "the queue-depth sweep found a plateau at {value} {unit} ({}): deeper queues add \
+                 latency, not throughput, so a cap (cgroup, cloud volume) or the device's limit \
+                 bounds this volume{commits}",
+                w.name()
+            ),
+        })
+    });
+    let cgroup = r.cgroup_write_iops_cap.map(|c| Reason {
+        level: Level::Warning,
+        source: "cgroup",
+        code: "cgroup_write_iops_cap".to_string(),
+        message: format!("this cgroup caps writes to the volume's disk at {c} IOPS{ceiling}"),
+    });
+    verdict::judge(
+        probe
+            .chain(plateaus)
+            .chain(cgroup)
+            .chain(audit_reasons(&r.audit)),
+    )
+}
+
+/// The exit status of a run whose verdict reached `--fail-on`: distinct
+/// from 1 (an error), 2 (invalid input) and 130 (interrupted).
+pub const EXIT_VERDICT: u8 = 3;
+
+/// Each audit finding as a reason, at its own severity (advice, `info`,
+/// sets no level).
+fn audit_reasons(a: &AuditReport) -> impl Iterator<Item = Reason> + '_ {
+    a.volume
+        .findings
+        .iter()
+        .map(|f| ("volume", f))
+        .chain(a.host.findings.iter().map(|f| ("host", f)))
+        .chain(
+            a.cluster
+                .iter()
+                .flat_map(|c| &c.findings)
+                .map(|f| ("cluster", f)),
+        )
+        .map(|(scope, f)| Reason {
+            level: match f.severity {
+                crate::audit::Severity::Critical => Level::Critical,
+                crate::audit::Severity::Warning => Level::Warning,
+                crate::audit::Severity::Info => Level::Ok,
+            },
+            source: scope,
+            code: f.code.to_string(),
+            message: f.message.clone(),
+        })
+}
+
+/// The verdict of `check --audit-only`: the audit's findings alone.
+pub fn audit_verdict(a: &AuditReport) -> Verdict {
+    verdict::judge(audit_reasons(a))
+}
+
+/// The `write_iops` limit on disk `majmin` that applies to this process:
+/// the tightest along its cgroup path, v2 `io.max` or v1 blkio, read with
+/// the limits collector's reader. `None` when there is none, or it cannot
+/// be read (no cgroup file system, a private mount namespace, a container
+/// that sees only part of the tree): then only the sweep can find a cap.
+fn cgroup_write_iops(majmin: &str) -> Option<u64> {
+    use crate::limits::cgroup;
+    if majmin.is_empty() {
+        return None;
+    }
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let own = cgroup::parse_proc_cgroup(&text).ok()?;
+    let loc = cgroup::locate(Path::new("/sys/fs/cgroup"), &own).ok()??;
+    cgroup::effective_limits(&loc, majmin).ok()?.write_iops
 }
 
 fn read_iops(tables: &Option<Vec<Table>>) -> Option<&Table> {
@@ -387,9 +569,10 @@ fn measure(
         let wal = dir.create_wal_file(WAL_FILE_SIZE, opts.sync_method, opts.free_space_reserve)?;
         let blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
         // Lone commits take at most half of the commit half.
+        let pause = after_idle_pause_default();
         let lone = AFTER_IDLE_COMMITS
-            .min((phase / 2).as_millis() as u32 / AFTER_IDLE_PAUSE.as_millis() as u32);
-        let busy_phase = phase.saturating_sub(AFTER_IDLE_PAUSE * lone);
+            .min((phase / 2).as_millis() as u32 / (pause.as_millis() as u32).max(1));
+        let busy_phase = phase.saturating_sub(pause * lone);
         // The next block of the file, written and synced; an error is noted
         // and the block skipped. (Commits are plain syscalls: they cannot
         // poison the engine.)
@@ -399,7 +582,7 @@ fn measure(
             block = (block + 1) % blocks;
             r.map_err(|f| note_error(f.to_string(), errors)).ok()
         };
-        let pauses = AFTER_IDLE_PAUSE * lone;
+        let pauses = pause * lone;
         progress.phase(
             "commits",
             busy_phase,
@@ -420,7 +603,7 @@ fn measure(
             if stopped() {
                 break;
             }
-            std::thread::sleep(AFTER_IDLE_PAUSE);
+            std::thread::sleep(pause);
             if let Some(t) = commit_next(&mut m.errors) {
                 record(&mut m.after_idle_commit, t.commit);
             }
@@ -573,6 +756,8 @@ pub fn render_text(r: &Report) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(o, "pg-storage-exporter check {}", r.path.display());
+    write_lead(&mut o, r);
+    let _ = writeln!(o);
     let _ = writeln!(
         o,
         "  filesystem   {} on {} ({})",
@@ -635,25 +820,35 @@ pub fn render_text(r: &Report) -> String {
         }
     }
     let _ = writeln!(o);
-    match (
-        r.commit_ceiling_p50_per_second,
-        r.commit_ceiling_p99_per_second,
-    ) {
-        (Some(p50), Some(p99)) => {
+    if r.commit_ceilings.is_empty() {
+        let _ = writeln!(o, "  commit ceiling: not measured");
+    } else {
+        let _ = writeln!(
+            o,
+            "  commit ceiling, one client, on each basis (the lowest is in force):"
+        );
+        for c in &r.commit_ceilings {
             let _ = writeln!(
                 o,
-                "  commit ceiling, one client: {} commits/s at p50 latency, {} commits/s at p99",
-                fmt_rate(p50),
-                fmt_rate(p99)
-            );
-            let _ = writeln!(
-                o,
-                "    (1 / (WAL write + sync); statement work and network round trips come on top,\n     group commit lets many clients together go higher)"
+                "    {:<11}{:>9} commits/s   {}",
+                c.basis,
+                fmt_rate(c.per_second),
+                c.describe()
             );
         }
-        _ => {
-            let _ = writeln!(o, "  commit ceiling: not measured");
-        }
+        let _ = writeln!(
+            o,
+            "    (statement work and network round trips come on top; group commit lets many\n     clients together go higher)"
+        );
+    }
+    if let Some(c) = r.commit {
+        let _ = writeln!(
+            o,
+            "  commit latency, back to back: p50 {}, p99 {}, mean {}; latencies, not rates: under a\n    throttle most commits pass at device speed and a few wait a whole slice, and only\n    the mean carries the rate",
+            fmt_seconds(c.p50),
+            fmt_seconds(c.p99),
+            fmt_seconds(c.mean)
+        );
     }
     if let Some(a) = r.after_idle_commit {
         let _ = writeln!(
@@ -685,16 +880,64 @@ pub fn render_text(r: &Report) -> String {
             "  interrupted: figures cover only the time before the signal"
         );
     }
-    if r.warnings.is_empty() {
-        let _ = writeln!(o, "verdict: OK, no warnings");
-    } else {
-        let _ = writeln!(o, "verdict: {} warning(s)", r.warnings.len());
-        for w in &r.warnings {
-            let _ = writeln!(o, "  ! [{}] {}", w.code, w.message);
-        }
-    }
     o.push_str(&render_audit_text(&r.audit));
     o
+}
+
+/// The report's first lines: the ceiling in force in plain words, then the
+/// verdict with every reason for it, before any detail.
+fn write_lead(o: &mut String, r: &Report) {
+    use std::fmt::Write;
+    let in_force = r
+        .basis
+        .and_then(|b| r.commit_ceilings.iter().find(|c| c.basis == b));
+    match (r.commit_ceiling_in_force_per_second, in_force) {
+        (Some(rate), Some(c)) => {
+            let _ = writeln!(
+                o,
+                "One client can commit at most {} times per second on this volume\n  (basis: {}, {})",
+                fmt_rate(rate),
+                c.basis,
+                c.describe()
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                o,
+                "No commit ceiling: no commit probe ran and no write-IOPS cap is known"
+            );
+        }
+    }
+    write_verdict(o, &r.verdict);
+}
+
+/// "verdict: LEVEL (n reasons)" and one line per reason; "OK, no warnings"
+/// only when there is no reason at all.
+fn write_verdict(o: &mut String, v: &Verdict) {
+    use std::fmt::Write;
+    match v.reasons.len() {
+        0 => {
+            let _ = writeln!(o, "verdict: OK, no warnings");
+        }
+        n => {
+            let _ = writeln!(
+                o,
+                "verdict: {} ({n} reason{})",
+                v.level.as_str().to_uppercase(),
+                if n == 1 { "" } else { "s" }
+            );
+        }
+    }
+    for reason in &v.reasons {
+        let _ = writeln!(
+            o,
+            "  {} [{}] ({}) {}",
+            reason.level.as_str().to_uppercase(),
+            reason.code,
+            reason.source,
+            reason.message
+        );
+    }
 }
 
 pub fn render_json(r: &Report) -> anyhow::Result<String> {

@@ -217,6 +217,12 @@ pub fn parse() -> Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Probe one directory for a while and print a verdict.
+    ///
+    /// The report opens with the commit ceiling in force (the most commits
+    /// per second one client can do on the volume) and one verdict, ok,
+    /// warning or critical, with its reasons. Exit status: 0 after a run, 1
+    /// on an error, 2 for invalid flags, 3 when --fail-on is given and the
+    /// verdict is at or above its level, 130 when interrupted.
     Check(CheckArgs),
     /// Write the manual page (roff) to stdout, generated from these very
     /// flag definitions so it cannot drift from `--help`; packages install
@@ -307,6 +313,21 @@ pub struct CheckArgs {
     /// read-only session (libpq connection string or postgresql:// URL).
     #[arg(long = "pg.dsn", value_name = "DSN")]
     pub pg_dsn: Option<String>,
+
+    /// Exit with status 3 when the verdict is at or above this level
+    /// (warning: any warning or critical finding; critical: critical ones
+    /// only). Without it the exit status does not depend on the verdict: 0
+    /// after a run, 1 on an error, 2 for invalid flags, 130 when
+    /// interrupted (which also wins over 3).
+    #[arg(long = "fail-on", value_enum, value_name = "LEVEL")]
+    pub fail_on: Option<FailOn>,
+}
+
+/// The verdict level `--fail-on` fails at.
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub enum FailOn {
+    Warning,
+    Critical,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -438,6 +459,13 @@ mod tests {
         };
         assert_eq!(a.duration, Duration::from_secs(2));
         assert_eq!(a.format, OutputFormat::Json);
+        assert_eq!(a.fail_on, None);
+        let c = Cli::try_parse_from(["x", "check", "/tmp", "--fail-on", "critical"]).unwrap();
+        let Some(Command::Check(a)) = c.command else {
+            panic!()
+        };
+        assert_eq!(a.fail_on, Some(FailOn::Critical));
+        assert!(Cli::try_parse_from(["x", "check", "/tmp", "--fail-on", "ok"]).is_err());
         let c = Cli::try_parse_from(["x"]).unwrap();
         assert_eq!(c.listen_address, [":9847"]);
         assert!(!c.systemd_socket);

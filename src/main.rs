@@ -52,14 +52,17 @@ fn main() -> ExitCode {
             if a.audit_only {
                 let out = check::audit_only(&a.path)
                     .and_then(|mut r| cluster_audit(&mut r).map(|()| r))
-                    .and_then(|r| match a.format {
-                        OutputFormat::Text => Ok(check::render_audit_text(&r)),
-                        OutputFormat::Json => check::render_audit_json(&r),
+                    .and_then(|r| {
+                        let text = match a.format {
+                            OutputFormat::Text => Ok(check::render_audit_only_text(&r)),
+                            OutputFormat::Json => check::render_audit_only_json(&r),
+                        };
+                        text.map(|t| (t, check::audit_verdict(&r).level))
                     });
                 return match out {
-                    Ok(s) => {
+                    Ok((s, level)) => {
                         print!("{s}");
-                        ExitCode::SUCCESS
+                        verdict_status(a.fail_on, level)
                     }
                     Err(e) => {
                         eprintln!("pg-storage-exporter check: {}", chain(&e));
@@ -67,14 +70,19 @@ fn main() -> ExitCode {
                     }
                 };
             }
-            let report =
-                match check::run(&opts).and_then(|mut r| cluster_audit(&mut r.audit).map(|()| r)) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        eprintln!("pg-storage-exporter check: {}", chain(&e));
-                        return ExitCode::from(1);
-                    }
-                };
+            // The cluster's findings join the audit after the run: the
+            // verdict is judged again with them.
+            let report = match check::run(&opts).and_then(|mut r| {
+                cluster_audit(&mut r.audit)?;
+                r.judge();
+                Ok(r)
+            }) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("pg-storage-exporter check: {}", chain(&e));
+                    return ExitCode::from(1);
+                }
+            };
             let out = match a.format {
                 OutputFormat::Text => Ok(check::render_text(&report)),
                 OutputFormat::Json => check::render_json(&report),
@@ -89,7 +97,7 @@ fn main() -> ExitCode {
             if report.interrupted {
                 ExitCode::from(130)
             } else {
-                ExitCode::SUCCESS
+                verdict_status(a.fail_on, report.verdict.level)
             }
         }
         Some(Command::Man) => {
@@ -105,6 +113,26 @@ fn main() -> ExitCode {
             }
         }
         None => run_daemon(cli),
+    }
+}
+
+/// `check`'s exit status for a finished run: [`check::EXIT_VERDICT`] when
+/// the verdict reached `--fail-on`, else 0.
+fn verdict_status(
+    fail_on: Option<pg_storage_exporter::cli::FailOn>,
+    level: pg_storage_exporter::model::verdict::Level,
+) -> ExitCode {
+    use pg_storage_exporter::cli::FailOn;
+    use pg_storage_exporter::model::verdict::Level;
+    let at = match fail_on {
+        None => return ExitCode::SUCCESS,
+        Some(FailOn::Warning) => Level::Warning,
+        Some(FailOn::Critical) => Level::Critical,
+    };
+    if level >= at {
+        ExitCode::from(check::EXIT_VERDICT)
+    } else {
+        ExitCode::SUCCESS
     }
 }
 

@@ -58,7 +58,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ),
     (
         "check",
-        &["model", "types", "units", "probe", "sys", "audit"],
+        &["model", "types", "units", "probe", "sys", "audit", "limits"],
     ),
     ("cli", &["types", "units"]),
     ("logging", &["cli"]),

@@ -35,9 +35,17 @@ fn man_page_has_every_flag_of_help_and_renders() {
         assert!(page.contains(&roff), "{f} missing from the man page");
     }
     // `check`'s own options are in the same page.
-    for f in ["\\-\\-sweep", "\\-\\-duration", "\\-\\-format"] {
+    for f in [
+        "\\-\\-sweep",
+        "\\-\\-duration",
+        "\\-\\-format",
+        "\\-\\-fail\\-on",
+    ] {
         assert!(page.contains(f), "{f} missing from the man page");
     }
+    // check's exit statuses, --fail-on's 3 among them.
+    assert!(page.contains("Exit status: 0 after a run"), "{page}");
+    assert!(page.contains("3 when \\-\\-fail\\-on is given"), "{page}");
     // man(1) renders it when installed (Debian's man-db); a roff error
     // would show as a warning on stderr.
     let dir = tempfile::tempdir().unwrap();

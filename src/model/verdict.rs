@@ -213,6 +213,67 @@ pub fn warnings(o: &Observed<'_>) -> Vec<Warning> {
     out
 }
 
+/// How serious a run's findings are, least serious first: the order is
+/// the one `--fail-on` compares with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Ok,
+    Warning,
+    Critical,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Ok => "ok",
+            Level::Warning => "warning",
+            Level::Critical => "critical",
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One finding that sets a verdict's level: where it came from (`probe`,
+/// `sweep`, or the audit's scope `volume`, `host`, `cluster`), its stable
+/// code and what it says.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Reason {
+    pub level: Level,
+    pub source: &'static str,
+    pub code: String,
+    pub message: String,
+}
+
+/// A run's one verdict: the level of its most serious finding (`ok` when
+/// there is none) and every finding at `warning` or above, most serious
+/// first. Advice (an audit's `info`) is no reason: it never raises a level,
+/// so an `ok` verdict lists nothing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    pub level: Level,
+    pub reasons: Vec<Reason>,
+}
+
+/// The verdict of `findings`: those at `ok` are dropped, the rest sorted by
+/// level, most serious first (in their order otherwise), and the level is
+/// the highest of them.
+pub fn judge(findings: impl IntoIterator<Item = Reason>) -> Verdict {
+    let mut reasons: Vec<Reason> = findings
+        .into_iter()
+        .filter(|r| r.level > Level::Ok)
+        .collect();
+    // Stable: findings of one level keep the order they were given in.
+    reasons.sort_by_key(|r| std::cmp::Reverse(r.level));
+    let level = reasons.first().map_or(Level::Ok, |r| r.level);
+    Verdict { level, reasons }
+}
+
 /// Seconds in the unit a human reads fastest: ns, µs, ms or s, 3 significant digits.
 pub fn fmt_seconds(s: f64) -> String {
     if !s.is_finite() {
@@ -359,6 +420,53 @@ mod tests {
         for (name, o, want) in cases {
             assert_eq!(codes(&o), want, "{name}");
         }
+    }
+
+    #[test]
+    fn verdict_is_the_most_serious_finding() {
+        let r = |level, code: &str| Reason {
+            level,
+            source: "host",
+            code: code.to_string(),
+            message: String::new(),
+        };
+        let codes = |v: &Verdict| v.reasons.iter().map(|r| r.code.clone()).collect::<Vec<_>>();
+        // (findings, level, reasons in order)
+        let cases: Vec<(Vec<Reason>, Level, Vec<&str>)> = vec![
+            (vec![], Level::Ok, vec![]),
+            // Advice alone: ok, and nothing listed under it.
+            (vec![r(Level::Ok, "atime")], Level::Ok, vec![]),
+            // A stock host: a swept plateau and host settings.
+            (
+                vec![
+                    r(Level::Ok, "atime"),
+                    r(Level::Warning, "write_iops_plateau"),
+                    r(Level::Warning, "dirty_ratio_large"),
+                ],
+                Level::Warning,
+                vec!["write_iops_plateau", "dirty_ratio_large"],
+            ),
+            // A cluster with fsync = off: critical, and first.
+            (
+                vec![
+                    r(Level::Warning, "heavy_tail"),
+                    r(Level::Critical, "fsync_off"),
+                    r(Level::Warning, "swappiness_high"),
+                ],
+                Level::Critical,
+                vec!["fsync_off", "heavy_tail", "swappiness_high"],
+            ),
+        ];
+        for (findings, level, want) in cases {
+            let v = judge(findings);
+            assert_eq!(v.level, level, "{v:?}");
+            assert_eq!(codes(&v), want);
+        }
+        assert!(Level::Ok < Level::Warning && Level::Warning < Level::Critical);
+        assert_eq!(
+            serde_json::to_string(&Level::Critical).unwrap_or_default(),
+            "\"critical\""
+        );
     }
 
     #[test]

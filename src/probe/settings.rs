@@ -54,6 +54,18 @@ pub const BURST_READS: ReadBurstPlan = ReadBurstPlan {
     max: 512,
 };
 
+/// The idle time before a lone (after-idle) commit at probe interval
+/// `interval`. The daemon runs its burst three quarters into a round, so the
+/// next lone commit comes a quarter interval after the burst's last IO (and
+/// half an interval after the lone read otherwise); `check` pauses this long
+/// at the default interval before each of its lone commits, so both report
+/// the same "after a pause". The after-idle cost grows with the pause and
+/// levels off within about 50 ms on the build machine: a quarter of the
+/// default second is well past that.
+pub fn after_idle_pause(interval: Duration) -> Duration {
+    interval / 4
+}
+
 /// The per-volume probe knobs, with their defaults in [`Default`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeSettings {
@@ -501,6 +513,19 @@ mod tests {
         // A window shorter than one burst period still needs one burst.
         assert_eq!(need(false, 10, 40, 1.0), Some(12));
         assert_eq!(need(false, 900, 0, 1.0), None);
+    }
+
+    #[test]
+    fn after_idle_pause_is_a_quarter_interval() {
+        // check takes it at the default interval: 250 ms.
+        assert_eq!(
+            after_idle_pause(ProbeSettings::default().interval),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            after_idle_pause(Duration::from_secs(10)),
+            Duration::from_millis(2500)
+        );
     }
 
     #[test]

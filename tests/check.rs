@@ -489,7 +489,8 @@ fn check_in_group(
 /// plateau, the verdict is not ok and says so, the `probe_mean` ceiling of
 /// its 5 s run is within [1.00, 1.35] of fio's one client doing an 8 KiB
 /// write and fdatasync back to back in the same group, and the ceiling in force
-/// (the sweep's `cap`, plateau / 2) within [0.98, 1.35]. With the cgroup
+/// (the lower of that and the sweep's `cap`, 1.1 × plateau / 2) within
+/// [1.00, 1.35]. With the cgroup
 /// visible `check` also reads the cap from it. Needs root, loop devices, v1 blkio, fio and
 /// unshare (skips with the reason otherwise, fails under CI). About 60 s.
 #[test]
@@ -544,9 +545,9 @@ fn hidden_write_cap_sets_the_ceiling_and_the_verdict() {
     // The sweep's plateau is the throttle's sustained rate (each depth's
     // first quarter, the throttle's opening allowance, is not counted),
     // while fio's 10 s from idle include that allowance: plateau / 2 read
-    // 0.999-1.026x fio here, so the ceiling in force, the lower of the two,
-    // may sit a hair under fio's figure.
-    assert!((0.98..=1.35).contains(&ratio), "{ratio}: {r}");
+    // 0.999-1.026x fio here; the cap basis adds a measured rate's 10 %
+    // headroom, so the ceiling in force stays above fio's figure.
+    assert!((1.00..=1.35).contains(&ratio), "{ratio}: {r}");
     assert!(ceiling <= probe, "{r}");
     assert_ne!(r["verdict"]["level"], "ok", "{r}");
     let reasons = r["verdict"]["reasons"].as_array().unwrap();

@@ -327,8 +327,9 @@ fn a_write_cap_found_by_the_sweep_is_the_cap_commit_ceiling() {
         Some(1.0),
         "{m}"
     );
+    // Plateau / 2 writes per commit, with a measured rate's 10 % headroom.
     assert!(
-        (ceiling - plateau / 2.0).abs() < 1e-9,
+        (ceiling - plateau / 2.0 * 1.1).abs() < 1e-6,
         "{ceiling} vs plateau {plateau}"
     );
     // The probes keep their writes under 2 % of the cap the sweep found.
@@ -341,14 +342,15 @@ fn a_write_cap_found_by_the_sweep_is_the_cap_commit_ceiling() {
         ceiling / fio
     );
     assert!(
-        (0.85..=1.2).contains(&(ceiling / (CAP as f64 / 2.0))),
+        (0.85..=1.35).contains(&(ceiling / (CAP as f64 / 2.0))),
         "cap ceiling {ceiling} for a {CAP}-IOPS cap"
     );
     // Both figures are one throttle's rate, read over a few seconds in
     // 100 ms slices: up to about 1 % apart either way by reading alone
-    // (1.003-1.015 in five runs, the plateau 100.4-101.6, fio 50.0-50.1).
+    // (plateau / 2 read 1.003-1.015 of fio in five runs, the plateau
+    // 100.4-101.6, fio 50.0-50.1); the headroom keeps the ceiling above.
     assert!(
-        (0.98..=1.35).contains(&(ceiling / fio)),
+        (1.00..=1.35).contains(&(ceiling / fio)),
         "cap ceiling {ceiling} vs fio's one client {fio}"
     );
     assert!(slowdown > 1.0, "probes not stretched under a {plateau} cap");

@@ -137,7 +137,12 @@ pub fn ceilings(
     let capped = caps.iter().filter_map(|c| {
         capped_ceiling(c.write_iops, writes_per_commit).map(|r| Ceiling {
             basis: "cap",
-            per_second: r,
+            // The sweep's plateau is measured: the daemon's headroom for a
+            // detected cap (limits::caps::headroom).
+            per_second: match c.source {
+                CapSource::Sweep => r * crate::limits::caps::headroom("detected"),
+                CapSource::Cgroup => r,
+            },
             write_iops_cap: Some(c.write_iops),
             cap_source: Some(c.source),
             writes_per_commit: Some(writes_per_commit),
@@ -226,9 +231,15 @@ mod tests {
                 "probe_mean",
                 10_000.0,
             ),
-            // A hidden cap found by the sweep: 245 / 2 below the probe's
-            // 1 / mean with a whole wait in it.
-            (Some((150, 1.25 / 150.0, 0.1)), vec![sweep], "cap", 122.5),
+            // A hidden cap found by the sweep: 245 / 2 with the headroom
+            // of a measured rate (134.75), above the probe's 1 / mean
+            // with a whole wait in it (129.6): the probe binds.
+            (
+                Some((150, 1.25 / 150.0, 0.1)),
+                vec![sweep],
+                "probe_mean",
+                149.0 / 1.15,
+            ),
             // The cgroup's cap is tighter than the sweep's plateau.
             (
                 Some((150, 1.25 / 150.0, 0.1)),
@@ -237,7 +248,7 @@ mod tests {
                 120.0,
             ),
             // No commit probe (--no-commit): the cap alone.
-            (None, vec![sweep], "cap", 122.5),
+            (None, vec![sweep], "cap", 134.75),
             // A cap far above what the device does: the probe binds.
             (
                 Some((5_000, 1e-3, 2e-3)),

@@ -269,7 +269,9 @@ fn the_cap_basis_is_the_tightest_known_cap_over_writes_per_commit() {
     f.volumes[0].detected = vec![(Resource::WriteIops, 60.0)];
     let s = run(&h, &f, &mut prev);
     let b = s.cap_basis("c/wal").unwrap();
-    assert_eq!((b.cap.source, b.ceiling), ("detected", 30.0));
+    // 60 / 2 with a measured plateau's headroom.
+    assert_eq!(b.cap.source, "detected");
+    assert!((b.ceiling - 33.0).abs() < 1e-9, "{}", b.ceiling);
 
     // Nothing that caps writes: no basis.
     f.volumes[0].detected = vec![(Resource::ReadIops, 2000.0)];

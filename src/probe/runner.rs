@@ -19,6 +19,7 @@ use crate::probe::engine::{CommitTiming, Engine};
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{
     BLOCK_SIZE, BURST_COMMITS, BURST_READS, COMMIT_BURST, VolumeSpec, WAL_FILE_SIZE,
+    after_idle_pause,
 };
 use crate::probe::state::VolumeState;
 use crate::probe::{Cause, IoFailure, Rng};
@@ -213,7 +214,10 @@ impl Runner {
             if let Some(at) = next_burst
                 && Instant::now() >= at
             {
-                if self.stop.wait_until(next + interval * 3 / 4) {
+                if self
+                    .stop
+                    .wait_until(next + interval - after_idle_pause(interval))
+                {
                     break;
                 }
                 self.burst(&mut p, &mut wal_block, read_blocks);

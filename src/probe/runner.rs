@@ -186,6 +186,7 @@ impl Runner {
         // started; then every busy_every.
         let mut next_burst =
             (!self.cfg.probe.busy_every.is_zero()).then(|| next + 3 * self.cfg.probe.interval);
+        let mut after_burst: Option<Instant> = None;
         loop {
             if self.stop.is_stopped() {
                 break;
@@ -221,6 +222,10 @@ impl Runner {
                     break;
                 }
                 self.burst(&mut p, &mut wal_block, read_blocks);
+                // A burst that met a throttle runs a second or more, past
+                // the round's end: the next lone commit still waits its
+                // pause, or it would be a burst's next commit.
+                after_burst = Some(Instant::now() + after_idle_pause(interval));
                 // A burst that ran longer than BURST_COMMITS (it met a
                 // throttle) puts the next one off in proportion.
                 next_burst = Some(
@@ -310,6 +315,9 @@ impl Runner {
                 // bursting to catch up, which would add load exactly when the
                 // device is slow.
                 next = now;
+            }
+            if let Some(at) = after_burst.take() {
+                next = next.max(at);
             }
             if self.stop.wait_until(next) {
                 break;

@@ -9,7 +9,8 @@
 //! under a write-IOPS cap the exporter cannot read (the cgroup files
 //! hidden by a mount namespace, as a cloud volume's cap is from inside the
 //! guest) must be one client's real commit rate, which fio measures in the
-//! same group: from 1.00 to 1.35 times it (about 40 s when it holds).
+//! same group: from 1.00 to 1.35 times it (about 30 s when it holds, 2
+//! minutes when it never does).
 //! Needs root, loop devices and v1 blkio, and fio and unshare for the
 //! second (skips with the reason otherwise, fails under CI).
 

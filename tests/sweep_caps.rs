@@ -18,7 +18,8 @@
 //! cannot read (the cgroup files hidden by a mount namespace, as a cloud
 //! volume's cap is from inside the guest) must be one client's real commit
 //! rate, which fio measures in the same group: from 1.00 to 1.35 times it
-//! (about 40 s when it holds); needs fio and unshare too.
+//! (about 30 s when it holds, 2 minutes when it never reaches the band);
+//! needs fio and unshare too.
 
 // Test code: a panic is a failed assertion.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -31,12 +31,14 @@ fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
     crate::model::ceiling::capped_ceiling(cap, wpp)
 }
 
-/// The least one commit takes by PostgreSQL's own figures, the `postgres`
-/// basis: its WAL write + sync time per sync (the sync time alone where
-/// the server reports no write time), plus the fastest round trip of a
-/// trivial query where the exporter measures one (nothing over a network).
+/// The least one client's commit takes by PostgreSQL's own figures, the
+/// `postgres` basis: its WAL write + sync time per sync in the fastest
+/// interval of the window in which every sync was one small commit's (no
+/// group commit, no bulk load), plus the fastest round trip of a trivial
+/// query where the exporter measures one (nothing over a network). Absent
+/// when no interval of the window qualifies.
 fn postgres_commit_seconds(c: &ClusterSnapshot) -> Option<f64> {
-    crate::model::ceiling::commit_floor(c.wal_commit_mean.or(c.wal_sync_mean)?, c.round_trip)
+    crate::model::ceiling::commit_floor(c.wal_one_commit?, c.round_trip)
 }
 
 /// The commit ceilings of a volume that the ceiling in force is the lowest

@@ -32,8 +32,8 @@ fn cap_ceiling(limits: &LimitsSnapshot, volume: &str) -> Option<f64> {
 }
 
 /// The least one client's commit takes by PostgreSQL's own figures, the
-/// `postgres` basis: its WAL write + sync time per sync in the fastest
-/// interval of the window in which every sync was one small commit's (no
+/// `postgres` basis: its mean WAL write + sync time per sync over the
+/// intervals of the window in which every sync was one small commit's (no
 /// group commit, no bulk load), plus the fastest round trip of a trivial
 /// query where the exporter measures one (nothing over a network). Absent
 /// when no interval of the window qualifies.
@@ -213,8 +213,10 @@ pub fn encode(
          of the busy commit probes (phase=busy), once the window holds three bursts (or all the \
          window can hold); the after_idle ones when busy_every is 0. \
          basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
-         window plus the fastest round trip of a trivial query (pgstorage_pg_round_trip_seconds, \
-         local connections only), on the cluster's WAL volume; basis=cap is a write-IOPS cap divided by the measured device writes \
+         collection intervals of the window in which each sync was one small commit's (no group \
+         commit, no bulk load; absent when none was) plus the fastest round trip of a trivial \
+         query (pgstorage_pg_round_trip_seconds, local connections only), on the cluster's WAL \
+         volume; basis=cap is a write-IOPS cap divided by the measured device writes \
          per commit probe (docs/ceilings.md). The rest of a statement's work and network round trips come \
          on top; group commit lets many clients together exceed it.",
         ceilings,

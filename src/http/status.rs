@@ -188,8 +188,8 @@ fn basis_words(basis: &str) -> &'static str {
     match basis {
         "probe_p50" => "1 / the median commit probe (WAL write + sync)",
         "postgres" => {
-            "1 / (PostgreSQL's own mean WAL write + sync time per sync + the fastest SELECT 1 \
-             round trip)"
+            "1 / (PostgreSQL's own mean WAL write + sync time per sync, over the intervals of \
+             one commit per sync, + the fastest SELECT 1 round trip)"
         }
         "cap" => "a write-IOPS cap / the device writes one commit costs",
         "probe_p99" => "1 / the p99 commit probe: the slow tail, not in force",

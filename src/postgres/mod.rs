@@ -100,8 +100,8 @@ pub struct ClusterSnapshot {
     pub wal_sync_mean: Option<f64>,
     /// What one client's commit waits on its WAL by PostgreSQL's own
     /// figures (the write of its record into the kernel, then the sync):
-    /// the mean WAL write + sync seconds per sync of the fastest collection
-    /// interval of the window in which each sync was one small commit's
+    /// the mean WAL write + sync seconds per sync over the collection
+    /// intervals of the window in which each sync was one small commit's
     /// (`model::ceiling::one_client_wal_seconds`), the `postgres` commit
     /// ceiling basis. `None` when no interval qualifies: only group
     /// commit, bulk loads or no writes in the window, or no WAL timing.
@@ -254,6 +254,7 @@ impl ClusterState {
                         syncs: now_totals.syncs - prev.syncs,
                         seconds: now_totals.seconds - prev.seconds,
                         bytes: now_totals.bytes - prev.bytes,
+                        commits: now_totals.commits - prev.commits,
                         xids: now_totals.xids - prev.xids,
                     },
                 ));
@@ -293,8 +294,8 @@ const MAX_INTERVALS: usize = 4096;
 
 /// The cumulative counters a [`WalInterval`] is the growth of: WAL syncs,
 /// WAL write + sync seconds (the sync time alone where the server reports
-/// no write time), WAL bytes and the next transaction id. `None` when one
-/// is missing: no WAL timing (`track_wal_io_timing` off), no pg_stat_wal
+/// no write time), WAL bytes, commits and the next transaction id. `None`
+/// when one is missing: no WAL timing (`track_wal_io_timing` off), no pg_stat_wal
 /// (before 14), a standby (no transaction ids are assigned there).
 fn one_commit_totals(stats: &PgStats) -> Option<WalInterval> {
     let w = stats.wal.as_ref()?;
@@ -302,6 +303,7 @@ fn one_commit_totals(stats: &PgStats) -> Option<WalInterval> {
         syncs: w.syncs?,
         seconds: w.sync_seconds? + w.write_seconds.unwrap_or(0.0),
         bytes: w.bytes?,
+        commits: stats.transactions?.commits?,
         xids: stats.transactions?.next_xid?,
     })
 }
@@ -834,6 +836,7 @@ mod tests {
                 ..Default::default()
             }),
             transactions: Some(views::database::Transactions {
+                commits: Some(xid),
                 next_xid: Some(xid),
                 ..Default::default()
             }),
@@ -874,14 +877,15 @@ mod tests {
             at(30),
         );
         assert!(close(c.snapshot().wal_one_commit, 184e-6));
-        // A slower one-client interval later does not lower it...
+        // A second one-client interval: 1,000 syncs in 400 ms. The mean
+        // over both intervals' syncs.
         c.store(
             wal(3160.0, 1.318, Some(0.028), 121.94e6, 5003.0),
             0.01,
             at(40),
         );
-        assert!(close(c.snapshot().wal_one_commit, 184e-6));
-        // ... until the faster one leaves the window.
+        assert!(close(c.snapshot().wal_one_commit, 292e-6));
+        // The first leaves the window.
         c.store(
             wal(3160.0, 1.318, Some(0.028), 121.94e6, 5003.0),
             0.01,

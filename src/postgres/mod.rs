@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::model::ceiling::{
-    WalInterval, mean_sync_seconds, one_client_wal_seconds, sync_time_share,
+    ONE_COMMIT_MIN_SPAN_SECONDS, WalInterval, mean_sync_seconds, one_client_wal_seconds,
+    sync_time_share,
 };
 use crate::types::{Collector, SyncMethod};
 use db::{Db, QResult};
@@ -147,9 +148,10 @@ struct Inner {
     /// (when, syncs, sync seconds, write seconds) readings within the
     /// window.
     wal_history: VecDeque<(Instant, f64, f64, Option<f64>)>,
-    /// The previous reading of the counters the one-commit intervals are
-    /// made of (a [`WalInterval`] of cumulative values).
-    last_totals: Option<WalInterval>,
+    /// When the current interval started, and the reading of the counters
+    /// the one-commit intervals are made of then (a [`WalInterval`] of
+    /// cumulative values).
+    span_start: Option<(Instant, WalInterval)>,
     /// (end, growth) of each collection interval within the window.
     intervals: VecDeque<(Instant, WalInterval)>,
     /// (when, fastest round trip) of the scrapes within the window.
@@ -167,7 +169,7 @@ impl ClusterState {
                     ..Default::default()
                 },
                 wal_history: VecDeque::new(),
-                last_totals: None,
+                span_start: None,
                 intervals: VecDeque::new(),
                 round_trips: VecDeque::new(),
             }),
@@ -202,7 +204,7 @@ impl ClusterState {
             i.snap.stats = None;
             Arc::make_mut(&mut i.snap.waits).pause();
             i.wal_history.clear();
-            i.last_totals = None;
+            i.span_start = None;
             i.intervals.clear();
             i.round_trips.clear();
             i.snap.round_trip = None;
@@ -242,24 +244,33 @@ impl ClusterState {
                 i.snap.wal_sync_mean = None;
                 i.snap.wal_sync_share = None;
             }
-            // The growth of the counters since the previous scrape, kept
-            // per interval: which intervals describe one commit per sync
-            // is decided for each, since a window's totals mix whatever
-            // ran in it (a bulk load, group commit, one client).
+            // The growth of the counters over each interval of at least
+            // ONE_COMMIT_MIN_SPAN_SECONDS (one scrape interval at the
+            // default 10 s), kept per interval: which intervals describe
+            // one commit per sync is decided for each, since a window's
+            // totals mix whatever ran in it (a bulk load, group commit,
+            // one client).
             let totals = one_commit_totals(&stats);
-            if let (Some(prev), Some(now_totals)) = (i.last_totals, totals) {
-                i.intervals.push_back((
-                    now,
-                    WalInterval {
-                        syncs: now_totals.syncs - prev.syncs,
-                        seconds: now_totals.seconds - prev.seconds,
-                        bytes: now_totals.bytes - prev.bytes,
-                        commits: now_totals.commits - prev.commits,
-                        xids: now_totals.xids - prev.xids,
-                    },
-                ));
+            match (i.span_start, totals) {
+                (Some((t0, prev)), Some(t))
+                    if now.saturating_duration_since(t0).as_secs_f64()
+                        >= ONE_COMMIT_MIN_SPAN_SECONDS =>
+                {
+                    i.intervals.push_back((
+                        now,
+                        WalInterval {
+                            syncs: t.syncs - prev.syncs,
+                            seconds: t.seconds - prev.seconds,
+                            bytes: t.bytes - prev.bytes,
+                            commits: t.commits - prev.commits,
+                            xids: t.xids - prev.xids,
+                        },
+                    ));
+                    i.span_start = Some((now, t));
+                }
+                (Some(_), Some(_)) => {}
+                (_, t) => i.span_start = t.map(|t| (now, t)),
             }
-            i.last_totals = totals;
             while i.intervals.len() > MAX_INTERVALS
                 || i.intervals
                     .front()

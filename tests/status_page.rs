@@ -348,8 +348,8 @@ fn postgres_cluster_and_ceiling_bases_as_the_browser_shows_them() {
     assert!(
         t.contains("postgres ")
             && t.contains(
-                "1 / (PostgreSQL's own mean WAL write + sync time per sync + the fastest \
-                 SELECT 1 round trip)"
+                "1 / (PostgreSQL's own mean WAL write + sync time per sync, over the intervals \
+                 of one commit per sync, + the fastest SELECT 1 round trip)"
             ),
         "{t}"
     );

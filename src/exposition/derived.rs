@@ -45,12 +45,14 @@ fn cap_basis<'a>(
     limits.cap_basis(&v.name)
 }
 
-/// The least one commit takes by PostgreSQL's own figures, the `postgres`
-/// basis: its WAL write + sync time per sync (the sync time alone where
-/// the server reports no write time), plus the fastest round trip of a
-/// trivial query where the exporter measures one (nothing over a network).
+/// The least one client's commit takes by PostgreSQL's own figures, the
+/// `postgres` basis: its mean WAL write + sync time per sync over the
+/// intervals of the window in which every sync was one small commit's (no
+/// group commit, no bulk load), plus the fastest round trip of a trivial
+/// query where the exporter measures one (nothing over a network). Absent
+/// when no interval of the window qualifies.
 fn postgres_commit_seconds(c: &ClusterSnapshot) -> Option<f64> {
-    crate::model::ceiling::commit_floor(c.wal_commit_mean.or(c.wal_sync_mean)?, c.round_trip)
+    crate::model::ceiling::commit_floor(c.wal_one_commit?, c.round_trip)
 }
 
 /// The probe's commit ceiling, basis `probe_mean`: 1 / the window mean of
@@ -230,10 +232,13 @@ pub fn encode(
          burst met a throttle), once the window holds three bursts (or all the window can hold); \
          the after_idle ones when busy_every is 0. \
          basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
-         window plus the fastest round trip of a trivial query (pgstorage_pg_round_trip_seconds, \
-         local connections only), on the cluster's WAL volume; basis=cap is the tightest write-IOPS cap \
-         known (cgroup, provisioned, or the sweep's detected plateau) divided by the device writes per \
-         commit, measured or 2 (pgstorage_commit_ceiling_cap_info says which; docs/ceilings.md). The rest of a statement's work and network round trips come \
+         collection intervals of the window in which each sync was one small commit's (no group \
+         commit, no bulk load; absent when none was) plus the fastest round trip of a trivial \
+         query (pgstorage_pg_round_trip_seconds, local connections only), on the cluster's WAL \
+         volume; basis=cap is the tightest write-IOPS cap known (cgroup, provisioned, or the \
+         sweep's detected plateau, with 10 % headroom as a measured rate) divided by the device \
+         writes per commit, measured or 2 (pgstorage_commit_ceiling_cap_info says which; \
+         docs/ceilings.md). The rest of a statement's work and network round trips come \
          on top; group commit lets many clients together exceed it.",
         ceilings,
     )?;

@@ -192,8 +192,8 @@ fn basis_words(basis: &str) -> &'static str {
              burst met a throttle)"
         }
         "postgres" => {
-            "1 / (PostgreSQL's own mean WAL write + sync time per sync + the fastest SELECT 1 \
-             round trip)"
+            "1 / (PostgreSQL's own mean WAL write + sync time per sync, over the intervals of \
+             one commit per sync, + the fastest SELECT 1 round trip)"
         }
         "cap" => "a write-IOPS cap / the device writes one commit costs",
         _ => "",

@@ -20,7 +20,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::model::ceiling::{mean_sync_seconds, sync_time_share};
+use crate::model::ceiling::{
+    ONE_COMMIT_MIN_SPAN_SECONDS, WalInterval, mean_sync_seconds, one_client_wal_seconds,
+    sync_time_share,
+};
 use crate::types::{Collector, SyncMethod};
 use db::{Db, QResult};
 use dsn::Target;
@@ -96,11 +99,14 @@ pub struct ClusterSnapshot {
     pub volumes: Vec<(String, String)>,
     /// Mean WAL sync seconds over the window, from PostgreSQL's counters.
     pub wal_sync_mean: Option<f64>,
-    /// Mean WAL write plus sync seconds per sync over the window: what a
-    /// lone committing backend waits on its WAL (the write of its record
-    /// into the kernel, then the sync), the commit ceiling's basis. `None`
-    /// when PostgreSQL does not report WAL write time.
-    pub wal_commit_mean: Option<f64>,
+    /// What one client's commit waits on its WAL by PostgreSQL's own
+    /// figures (the write of its record into the kernel, then the sync):
+    /// the mean WAL write + sync seconds per sync over the collection
+    /// intervals of the window in which each sync was one small commit's
+    /// (`model::ceiling::one_client_wal_seconds`), the `postgres` commit
+    /// ceiling basis. `None` when no interval qualifies: only group
+    /// commit, bulk loads or no writes in the window, or no WAL timing.
+    pub wal_one_commit: Option<f64>,
     /// Seconds PostgreSQL spent in WAL syncs per second of wall time over
     /// the window (the sync seconds counter's rate): 0.5 is half the time.
     pub wal_sync_share: Option<f64>,
@@ -142,6 +148,12 @@ struct Inner {
     /// (when, syncs, sync seconds, write seconds) readings within the
     /// window.
     wal_history: VecDeque<(Instant, f64, f64, Option<f64>)>,
+    /// When the current interval started, and the reading of the counters
+    /// the one-commit intervals are made of then (a [`WalInterval`] of
+    /// cumulative values).
+    span_start: Option<(Instant, WalInterval)>,
+    /// (end, growth) of each collection interval within the window.
+    intervals: VecDeque<(Instant, WalInterval)>,
     /// (when, fastest round trip) of the scrapes within the window.
     round_trips: VecDeque<(Instant, f64)>,
 }
@@ -157,6 +169,8 @@ impl ClusterState {
                     ..Default::default()
                 },
                 wal_history: VecDeque::new(),
+                span_start: None,
+                intervals: VecDeque::new(),
                 round_trips: VecDeque::new(),
             }),
         })
@@ -190,10 +204,12 @@ impl ClusterState {
             i.snap.stats = None;
             Arc::make_mut(&mut i.snap.waits).pause();
             i.wal_history.clear();
+            i.span_start = None;
+            i.intervals.clear();
             i.round_trips.clear();
             i.snap.round_trip = None;
             i.snap.wal_sync_mean = None;
-            i.snap.wal_commit_mean = None;
+            i.snap.wal_one_commit = None;
             i.snap.wal_sync_share = None;
         });
     }
@@ -217,15 +233,6 @@ impl ClusterState {
                     (Some(a), Some(b)) => mean_sync_seconds((a.1, a.2), (b.1, b.2)),
                     _ => None,
                 };
-                // One sync per commit for a lone client: the write time
-                // of the syncs' WAL counts toward each, as it does in
-                // the probe's commit (pwrite, then the sync).
-                i.snap.wal_commit_mean = match (a, b) {
-                    (Some(&(_, n0, s0, Some(w0))), Some(&(_, n1, s1, Some(w1)))) => {
-                        mean_sync_seconds((n0, s0 + w0), (n1, s1 + w1))
-                    }
-                    _ => None,
-                };
                 i.snap.wal_sync_share = match (a, b) {
                     (Some(a), Some(b)) => sync_time_share(
                         (a.2, b.2),
@@ -235,9 +242,43 @@ impl ClusterState {
                 };
             } else {
                 i.snap.wal_sync_mean = None;
-                i.snap.wal_commit_mean = None;
                 i.snap.wal_sync_share = None;
             }
+            // The growth of the counters over each interval of at least
+            // ONE_COMMIT_MIN_SPAN_SECONDS (one scrape interval at the
+            // default 10 s), kept per interval: which intervals describe
+            // one commit per sync is decided for each, since a window's
+            // totals mix whatever ran in it (a bulk load, group commit,
+            // one client).
+            let totals = one_commit_totals(&stats);
+            match (i.span_start, totals) {
+                (Some((t0, prev)), Some(t))
+                    if now.saturating_duration_since(t0).as_secs_f64()
+                        >= ONE_COMMIT_MIN_SPAN_SECONDS =>
+                {
+                    i.intervals.push_back((
+                        now,
+                        WalInterval {
+                            syncs: t.syncs - prev.syncs,
+                            seconds: t.seconds - prev.seconds,
+                            bytes: t.bytes - prev.bytes,
+                            commits: t.commits - prev.commits,
+                            xids: t.xids - prev.xids,
+                        },
+                    ));
+                    i.span_start = Some((now, t));
+                }
+                (Some(_), Some(_)) => {}
+                (_, t) => i.span_start = t.map(|t| (now, t)),
+            }
+            while i.intervals.len() > MAX_INTERVALS
+                || i.intervals
+                    .front()
+                    .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+            {
+                i.intervals.pop_front();
+            }
+            i.snap.wal_one_commit = one_client_wal_seconds(i.intervals.iter().map(|(_, d)| d));
             if let Some(rt) = stats.round_trip {
                 i.round_trips.push_back((now, rt));
             }
@@ -256,6 +297,26 @@ impl ClusterState {
             i.snap.scrape_seconds = Some(seconds);
         });
     }
+}
+
+/// The most collection intervals kept per cluster: a 15-minute window at a
+/// 1 s scrape interval is 900.
+const MAX_INTERVALS: usize = 4096;
+
+/// The cumulative counters a [`WalInterval`] is the growth of: WAL syncs,
+/// WAL write + sync seconds (the sync time alone where the server reports
+/// no write time), WAL bytes, commits and the next transaction id. `None`
+/// when one is missing: no WAL timing (`track_wal_io_timing` off), no pg_stat_wal
+/// (before 14), a standby (no transaction ids are assigned there).
+fn one_commit_totals(stats: &PgStats) -> Option<WalInterval> {
+    let w = stats.wal.as_ref()?;
+    Some(WalInterval {
+        syncs: w.syncs?,
+        seconds: w.sync_seconds? + w.write_seconds.unwrap_or(0.0),
+        bytes: w.bytes?,
+        commits: stats.transactions?.commits?,
+        xids: stats.transactions?.next_xid?,
+    })
 }
 
 /// All clusters, for the metrics encoder.
@@ -768,12 +829,26 @@ mod tests {
         assert_eq!(connect_deadline(&c), Some(Duration::from_secs(6)));
     }
 
-    fn wal(syncs: f64, sync_seconds: f64, write_seconds: Option<f64>) -> PgStats {
+    /// Cumulative readings: syncs, sync and write seconds, WAL bytes and
+    /// the next transaction id.
+    fn wal(
+        syncs: f64,
+        sync_seconds: f64,
+        write_seconds: Option<f64>,
+        bytes: f64,
+        xid: f64,
+    ) -> PgStats {
         PgStats {
             wal: Some(views::wal::WalStats {
                 syncs: Some(syncs),
                 sync_seconds: Some(sync_seconds),
                 write_seconds,
+                bytes: Some(bytes),
+                ..Default::default()
+            }),
+            transactions: Some(views::database::Transactions {
+                commits: Some(xid),
+                next_xid: Some(xid),
                 ..Default::default()
             }),
             ..Default::default()
@@ -781,34 +856,65 @@ mod tests {
     }
 
     #[test]
-    fn the_commit_mean_adds_the_write_time_of_each_sync() {
+    fn the_one_commit_figure_comes_from_intervals_of_one_commit_per_sync() {
         let c = ClusterState::new("c", Duration::from_secs(60));
         let t0 = Instant::now();
-        c.store(wal(100.0, 0.010, Some(0.002)), 0.01, t0);
-        c.store(
-            wal(1100.0, 0.178, Some(0.018)),
-            0.01,
-            t0 + Duration::from_secs(10),
-        );
-        let s = c.snapshot();
-        // 1,000 syncs in 168 ms of sync and 16 ms of write time.
+        let at = |s: u64| t0 + Duration::from_secs(s);
         let close = |a: Option<f64>, b: f64| a.is_some_and(|a| (a - b).abs() < 1e-12);
-        assert!(close(s.wal_sync_mean, 168e-6), "{:?}", s.wal_sync_mean);
-        assert!(close(s.wal_commit_mean, 184e-6), "{:?}", s.wal_commit_mean);
-        // A server that reports no write time: no commit mean, the sync
-        // mean stays.
-        c.store(wal(2100.0, 0.346, None), 0.01, t0 + Duration::from_secs(20));
+        c.store(wal(100.0, 0.010, Some(0.002), 1e6, 1000.0), 0.01, at(0));
+        // A bulk load: 60 syncs of 2 MB, 4 ms each, 3 transactions.
+        c.store(wal(160.0, 0.250, Some(0.002), 121e6, 1003.0), 0.01, at(10));
         let s = c.snapshot();
-        assert_eq!(s.wal_commit_mean, None);
-        assert!(s.wal_sync_mean.is_some());
-        // A counter reset (server restart): neither.
-        c.store(
-            wal(5.0, 0.001, Some(0.0)),
-            0.01,
-            t0 + Duration::from_secs(30),
+        assert_eq!(s.wal_one_commit, None, "a bulk load is not one commit");
+        // Its sync mean still counts in the window's, which compares
+        // PostgreSQL's syncs with the probe's.
+        assert!(
+            close(s.wal_sync_mean, 0.240 / 60.0),
+            "{:?}",
+            s.wal_sync_mean
         );
-        let s = c.snapshot();
-        assert_eq!(s.wal_commit_mean, None);
-        assert_eq!(s.wal_sync_mean, None);
+        // Group commit: 1,000 syncs for 2,000 transactions.
+        c.store(
+            wal(1160.0, 0.750, Some(0.012), 121.6e6, 3003.0),
+            0.01,
+            at(20),
+        );
+        assert_eq!(c.snapshot().wal_one_commit, None, "group commit");
+        // One client: 1,000 syncs, 168 ms of sync and 16 ms of write time,
+        // 1,000 transactions of 170 bytes each.
+        c.store(
+            wal(2160.0, 0.918, Some(0.028), 121.77e6, 4003.0),
+            0.01,
+            at(30),
+        );
+        assert!(close(c.snapshot().wal_one_commit, 184e-6));
+        // A second one-client interval: 1,000 syncs in 400 ms. The mean
+        // over both intervals' syncs.
+        c.store(
+            wal(3160.0, 1.318, Some(0.028), 121.94e6, 5003.0),
+            0.01,
+            at(40),
+        );
+        assert!(close(c.snapshot().wal_one_commit, 292e-6));
+        // The first leaves the window.
+        c.store(
+            wal(3160.0, 1.318, Some(0.028), 121.94e6, 5003.0),
+            0.01,
+            at(91),
+        );
+        assert!(close(c.snapshot().wal_one_commit, 400e-6));
+        // A counter reset (statistics reset, server restart): that interval
+        // does not count.
+        c.store(wal(5.0, 0.001, Some(0.0), 1e3, 5010.0), 0.01, at(95));
+        assert!(close(c.snapshot().wal_one_commit, 400e-6));
+        // No WAL timing: no figure from then on.
+        let mut off = wal(1005.0, 0.0, None, 1.7e5, 6010.0);
+        if let Some(w) = off.wal.as_mut() {
+            w.sync_seconds = None;
+        }
+        c.store(off, 0.01, at(160));
+        assert_eq!(c.snapshot().wal_one_commit, None);
+        c.down();
+        assert_eq!(c.snapshot().wal_one_commit, None);
     }
 }

@@ -2,6 +2,13 @@
 //! all databases: commits are what the WAL syncs serve, whichever database
 //! they were in. xact_commit and xact_rollback are the same in every
 //! supported version.
+//!
+//! With them, the next transaction id (`pg_current_snapshot()`'s xmax,
+//! from 13): how many transactions wrote. Only those flush a commit
+//! record; xact_commit also counts every read-only transaction (the
+//! exporter's own queries among them). The `postgres` commit ceiling basis
+//! compares it with the WAL syncs to tell one commit per sync from group
+//! commit. None on a standby, where no transaction commits.
 
 use std::fmt;
 
@@ -15,16 +22,21 @@ use super::cluster_counter;
 pub struct Transactions {
     pub commits: Option<f64>,
     pub rollbacks: Option<f64>,
+    /// The next transaction id to be assigned; None in recovery.
+    pub next_xid: Option<f64>,
 }
 
-const SQL: &str =
-    "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8 FROM pg_stat_database";
+const SQL: &str = "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8, \
+     CASE WHEN pg_is_in_recovery() THEN NULL \
+     ELSE pg_snapshot_xmax(pg_current_snapshot())::text::float8 END \
+     FROM pg_stat_database";
 
 pub async fn read(c: Db<'_>) -> QResult<Transactions> {
     let r = c.query_one(SQL, &[]).await?;
     Ok(Transactions {
         commits: float(&r, 0),
         rollbacks: float(&r, 1),
+        next_xid: float(&r, 2),
     })
 }
 
@@ -64,6 +76,7 @@ mod tests {
                 transactions: Some(Transactions {
                     commits: Some(5.0),
                     rollbacks: None,
+                    next_xid: Some(900.0),
                 }),
                 ..Default::default()
             })),

@@ -130,6 +130,20 @@ pub struct AuditReport {
     pub read_errors: Vec<String>,
 }
 
+impl AuditReport {
+    /// Every finding with its scope (`volume`, `host`, `cluster`), in the
+    /// order `check` prints them.
+    pub fn findings(&self) -> impl Iterator<Item = (&'static str, &crate::audit::Finding)> + '_ {
+        let cluster = self.cluster.iter().flat_map(|c| &c.findings);
+        self.volume
+            .findings
+            .iter()
+            .map(|f| ("volume", f))
+            .chain(self.host.findings.iter().map(|f| ("host", f)))
+            .chain(cluster.map(|f| ("cluster", f)))
+    }
+}
+
 /// Audits the volume holding `path` and the host, from /proc and /sys.
 /// `sync_too_fast` is the probe's evidence, `None` without a probe run.
 pub fn audit(path: &Path, sync_too_fast: Option<bool>) -> AuditReport {
@@ -189,19 +203,7 @@ pub fn render_audit_only_json(a: &AuditReport) -> anyhow::Result<String> {
 pub fn render_audit_text(a: &AuditReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
-    let findings: Vec<_> = a
-        .volume
-        .findings
-        .iter()
-        .map(|f| ("volume", f))
-        .chain(a.host.findings.iter().map(|f| ("host", f)))
-        .chain(
-            a.cluster
-                .iter()
-                .flat_map(|c| &c.findings)
-                .map(|f| ("cluster", f)),
-        )
-        .collect();
+    let findings: Vec<_> = a.findings().collect();
     let cluster = |f: fn(&crate::audit::Outcome) -> u32| a.cluster.as_ref().map_or(0, f);
     let checked = a.volume.checked + a.host.checked + cluster(|c| c.checked);
     let skipped = a.volume.skipped + a.host.skipped + cluster(|c| c.skipped);
@@ -441,27 +443,16 @@ pub const EXIT_VERDICT: u8 = 3;
 /// Each audit finding as a reason, at its own severity (advice, `info`,
 /// sets no level).
 fn audit_reasons(a: &AuditReport) -> impl Iterator<Item = Reason> + '_ {
-    a.volume
-        .findings
-        .iter()
-        .map(|f| ("volume", f))
-        .chain(a.host.findings.iter().map(|f| ("host", f)))
-        .chain(
-            a.cluster
-                .iter()
-                .flat_map(|c| &c.findings)
-                .map(|f| ("cluster", f)),
-        )
-        .map(|(scope, f)| Reason {
-            level: match f.severity {
-                crate::audit::Severity::Critical => Level::Critical,
-                crate::audit::Severity::Warning => Level::Warning,
-                crate::audit::Severity::Info => Level::Ok,
-            },
-            source: scope,
-            code: f.code.to_string(),
-            message: f.message.clone(),
-        })
+    a.findings().map(|(scope, f)| Reason {
+        level: match f.severity {
+            crate::audit::Severity::Critical => Level::Critical,
+            crate::audit::Severity::Warning => Level::Warning,
+            crate::audit::Severity::Info => Level::Ok,
+        },
+        source: scope,
+        code: f.code.to_string(),
+        message: f.message.clone(),
+    })
 }
 
 /// The verdict of `check --audit-only`: the audit's findings alone.

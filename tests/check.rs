@@ -415,33 +415,6 @@ fn no_progress_text_when_stderr_is_piped() {
     assert!(out.starts_with("pg-storage-exporter check "), "{out}");
 }
 
-/// fio's one-client rate of 8 KiB write + fdatasync, back to back, for
-/// `seconds` in `dir`, started inside the blkio group `procs`.
-fn fio_one_client(dir: &std::path::Path, procs: &std::path::Path, seconds: u32) -> f64 {
-    let mut cmd = Command::new("fio");
-    cmd.args([
-        "--thread",
-        "--bs=8k",
-        "--time_based",
-        &format!("--runtime={seconds}"),
-        "--output-format=json",
-        "--name=sync",
-        "--rw=write",
-        "--ioengine=sync",
-        "--fdatasync=1",
-        "--size=16M",
-        "--overwrite=1",
-    ])
-    .arg(format!("--directory={}", dir.display()));
-    common::join_cgroup_before_exec(&mut cmd, procs);
-    let out = cmd.output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "fio: {text}");
-    let start = text.find('{').unwrap_or_else(|| panic!("fio: {text}"));
-    let j: serde_json::Value = serde_json::from_str(&text[start..]).unwrap();
-    j["jobs"][0]["write"]["iops"].as_f64().unwrap()
-}
-
 /// `check` inside the blkio group `procs`; with `hide_cgroups` in a mount
 /// namespace of its own with an empty /sys/fs/cgroup, as a cloud volume's
 /// cap looks from inside the VM: nothing to read, only to measure.
@@ -452,16 +425,7 @@ fn check_in_group(
     extra: &[&str],
 ) -> (i32, serde_json::Value) {
     let mut cmd = if hide_cgroups {
-        let mut c = Command::new("unshare");
-        c.args([
-            "-m",
-            "sh",
-            "-c",
-            "mount -t tmpfs none /sys/fs/cgroup && exec \"$@\"",
-            "sh",
-            BIN,
-        ]);
-        c
+        common::hidden_cgroups_command()
     } else {
         Command::new(BIN)
     };
@@ -503,7 +467,7 @@ fn hidden_write_cap_sets_the_ceiling_and_the_verdict() {
     let procs = group.join("cgroup.procs");
     let fio_dir = fx.mnt.join("fio");
     std::fs::create_dir(&fio_dir).unwrap();
-    let fio = fio_one_client(&fio_dir, &procs, 10);
+    let fio = loopdev::fio_commits(&fio_dir, &group, 10).per_second;
     std::fs::remove_dir_all(&fio_dir).unwrap();
 
     let (code, r) = check_in_group(

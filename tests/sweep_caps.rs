@@ -27,7 +27,6 @@
 mod common;
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -41,12 +40,16 @@ const MIB: u64 = 1 << 20;
 /// other's CPU use as much as the throttles.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Starts the exporter on `mnt` with one sweeping volume `t` and cgroup
-/// reading off, inside `group` when given; returns the scrape once the
-/// first sweep has finished and the limits collector has the utilization
-/// of each of `resources` (its detected cap; none given: a few limits
-/// passes later, for rows that should not appear).
-fn swept(mnt: &Path, group: Option<&Path>, sweep_duration: &str, resources: &[&str]) -> String {
+/// Starts the exporter on `mnt` with one volume `t` running `probes` (a
+/// TOML list's items) and a sweep of `sweep_duration` at start, cgroup
+/// reading off (`cgroup_root` an empty directory), inside `group` when
+/// given. The temp dir holds its configuration: keep it while it runs.
+fn start_sweeping(
+    mnt: &Path,
+    group: Option<&Path>,
+    probes: &str,
+    sweep_duration: &str,
+) -> (tempfile::TempDir, Exporter) {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("no-cgroups");
     std::fs::create_dir(&empty).unwrap();
@@ -55,8 +58,9 @@ fn swept(mnt: &Path, group: Option<&Path>, sweep_duration: &str, resources: &[&s
         &cfg,
         format!(
             "limits_interval = \"1s\"\ncgroup_root = \"{}\"\n\
-             [[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"read\"]\nread_file_size = \"16MiB\"\n\
-             free_space_reserve = \"0\"\nsweep_every = \"1h\"\nsweep_duration = \"{sweep_duration}\"\n",
+             [[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [{probes}]\n\
+             read_file_size = \"16MiB\"\nfree_space_reserve = \"0\"\n\
+             sweep_every = \"1h\"\nsweep_duration = \"{sweep_duration}\"\n",
             empty.display(),
             mnt.display()
         ),
@@ -73,6 +77,16 @@ fn swept(mnt: &Path, group: Option<&Path>, sweep_duration: &str, resources: &[&s
         &[],
         procs.as_deref(),
     );
+    (dir, ex)
+}
+
+/// Starts the exporter on `mnt` with one sweeping volume `t` and cgroup
+/// reading off, inside `group` when given; returns the scrape once the
+/// first sweep has finished and the limits collector has the utilization
+/// of each of `resources` (its detected cap; none given: a few limits
+/// passes later, for rows that should not appear).
+fn swept(mnt: &Path, group: Option<&Path>, sweep_duration: &str, resources: &[&str]) -> String {
+    let (_dir, ex) = start_sweeping(mnt, group, "\"read\"", sweep_duration);
     // The limits collector turns the sweep into pgstorage_io_limit rows
     // within a limits_interval of it; wait for that pass too.
     let finished = ex.wait_for(
@@ -209,54 +223,6 @@ fn sweep_detects_write_iops_and_bandwidth_throttles_and_nothing_without_them() {
     );
 }
 
-/// One client's back-to-back commits in `group` as fio does them: 8 KiB
-/// sequential writes, each followed by fdatasync, for `seconds`; commits
-/// per second. The file is written in full and synced first, as
-/// PostgreSQL fills a WAL segment with zeros before using it: an overwrite
-/// costs the data write and the cache flush fdatasync sends, both from the
-/// client and so both throttled. (Into a file fio created itself it did
-/// 100 commits/s under a 100-IOPS cap: writes into new blocks change
-/// metadata, and ext4's journal thread, outside the group, sends the
-/// flush with its commit.)
-fn fio_commits_per_second(dir: &Path, group: &Path, seconds: u32) -> f64 {
-    let file = dir.join("fio-commits.dat");
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&file).unwrap();
-        let chunk = vec![0u8; 1 << 20];
-        for _ in 0..16 {
-            f.write_all(&chunk).unwrap();
-        }
-        f.sync_all().unwrap();
-    }
-    let mut fio = Command::new("fio");
-    fio.args([
-        "--name=one-client",
-        "--thread",
-        "--ioengine=psync",
-        "--rw=write",
-        "--bs=8k",
-        "--size=16M",
-        "--fdatasync=1",
-        "--time_based",
-        &format!("--runtime={seconds}"),
-        "--output-format=json",
-        &format!("--filename={}", file.display()),
-    ]);
-    join_cgroup_before_exec(&mut fio, &group.join("cgroup.procs"));
-    let out = fio.output().unwrap();
-    assert!(
-        out.status.success(),
-        "fio: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let w = &j["jobs"][0]["write"];
-    let ios = w["total_ios"].as_f64().unwrap();
-    let ms = w["runtime"].as_f64().unwrap();
-    ios / (ms / 1000.0)
-}
-
 /// A cap the exporter cannot read (cgroup reading off, as inside a private
 /// mount namespace or a VM whose host throttles its disk) feeds the `cap`
 /// commit ceiling through the sweep's plateau: about cap / 2, the default
@@ -272,32 +238,7 @@ fn a_write_cap_found_by_the_sweep_is_the_cap_commit_ceiling() {
     const CAP: u64 = 100;
     let mut fx = loopdev::LoopVolume::new(256 << 20, false);
     let group = fx.group("pgse-sweep-ceiling", &[("write_iops_device", CAP)]);
-    let dir = tempfile::tempdir().unwrap();
-    let empty = dir.path().join("no-cgroups");
-    std::fs::create_dir(&empty).unwrap();
-    let cfg = dir.path().join("c.toml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "limits_interval = \"1s\"\ncgroup_root = \"{}\"\n\
-             [[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"commit\", \"read\"]\n\
-             read_file_size = \"16MiB\"\nfree_space_reserve = \"0\"\n\
-             sweep_every = \"1h\"\nsweep_duration = \"28s\"\n",
-            empty.display(),
-            fx.mnt.display()
-        ),
-    )
-    .unwrap();
-    let ex = Exporter::start_with(
-        &[
-            "--web.listen-address",
-            "127.0.0.1:0",
-            "--config.file",
-            cfg.to_str().unwrap(),
-        ],
-        &[],
-        Some(&group.join("cgroup.procs")),
-    );
+    let (_dir, ex) = start_sweeping(&fx.mnt, Some(&group), "\"commit\", \"read\"", "28s");
     let m = ex.wait_for(
         "the cap ceiling from the sweep's plateau",
         Duration::from_secs(120),
@@ -336,7 +277,7 @@ fn a_write_cap_found_by_the_sweep_is_the_cap_commit_ceiling() {
     // The probes keep their writes under 2 % of the cap the sweep found.
     let slowdown = sample(&m, "pgstorage_probe_slowdown_ratio{volume=\"t\"}").unwrap();
     drop(ex);
-    let fio = fio_commits_per_second(&fx.mnt, &group, 10);
+    let fio = loopdev::fio_commits(&fx.mnt.join("fio"), &group, 10).per_second;
     eprintln!(
         "write cap {CAP}: plateau {plateau:.1}, cap ceiling {ceiling:.1}/s, slowdown {slowdown:.2}; \
          fio one client {fio:.1} commits/s; ceiling / fio {:.3}",

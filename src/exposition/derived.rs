@@ -58,7 +58,7 @@ fn postgres_commit_seconds(c: &ClusterSnapshot) -> Option<f64> {
 /// The probe's commit ceiling, basis `probe_mean`: 1 / the window mean of
 /// the busy commit probes with headroom ([`rate_ceiling`]), once rates may
 /// use the window.
-pub fn probe_ceiling(s: &Snapshot) -> Option<f64> {
+fn probe_ceiling(s: &Snapshot) -> Option<f64> {
     s.rate_mean(Op::Commit).and_then(rate_ceiling)
 }
 

@@ -261,7 +261,13 @@ pub const CYCLE_WAIT_SHARE: f64 = 0.5;
 /// else the second half. The first commit is never a wait (it follows a
 /// pause).
 pub fn steady_commits(latencies: &[f64]) -> std::ops::Range<usize> {
-    whole_cycles(latencies).unwrap_or(latencies.len() / 2..latencies.len())
+    whole_cycles(latencies).unwrap_or_else(|| second_half(latencies.len()))
+}
+
+/// The second half of a burst of `n` commits: its busy figure when it met
+/// no throttle, the first half having warmed the device path up.
+pub fn second_half(n: usize) -> std::ops::Range<usize> {
+    n / 2..n
 }
 
 /// The whole throttle cycles of a finished burst, as [`steady_commits`]

@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
-use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, steady_commits, whole_cycles};
+use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, second_half, whole_cycles};
 use crate::probe::engine::{CommitTiming, Engine};
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{
@@ -482,7 +482,7 @@ impl Runner {
 
     /// A burst of back-to-back probes: commits as [`COMMIT_BURST`] says,
     /// then reads as [`BURST_READS`] says. The commits' busy figure is
-    /// chosen when the burst is over ([`steady_commits`]): whole throttle
+    /// chosen when the burst is over (`model::pacing::steady_commits`): whole throttle
     /// cycles where the burst met a throttle, else its second half; the
     /// rest warmed the device path up and is only counted. The first reads
     /// warm up likewise. A failed probe ends the burst: a failing device is
@@ -513,28 +513,27 @@ impl Runner {
             }
             self.state
                 .set_burst_stretch(f64::from(plan.count()) / f64::from(BURST_COMMITS));
-            if !failed {
-                let lat: Vec<f64> = done.iter().map(|(_, t)| t.commit.as_secs_f64()).collect();
-                let steady = steady_commits(&lat);
-                let throttled = whole_cycles(&lat).and_then(|r| {
-                    let n = r.len() as f64;
-                    crate::model::ceiling::commit_ceiling(lat[r].iter().sum::<f64>() / n)
-                });
-                self.state.set_throttled_commit_rate(throttled);
-                tracing::debug!(
-                    volume = %self.cfg.name,
-                    commits = lat.len(),
-                    recorded = ?steady,
-                    took = ?start.elapsed(),
-                    latencies_us = ?lat.iter().map(|s| (s * 1e6).round() as u64).collect::<Vec<_>>(),
-                    "commit burst"
-                );
-                for (at, t) in &done[steady] {
-                    self.record_commit(Phase::Busy, *at, t);
-                }
-            }
             if failed {
                 return;
+            }
+            let lat: Vec<f64> = done.iter().map(|(_, t)| t.commit.as_secs_f64()).collect();
+            let cycles = whole_cycles(&lat);
+            let throttled = cycles.clone().and_then(|r| {
+                let n = r.len() as f64;
+                crate::model::ceiling::commit_ceiling(lat[r].iter().sum::<f64>() / n)
+            });
+            self.state.set_throttled_commit_rate(throttled);
+            let steady = cycles.unwrap_or_else(|| second_half(lat.len()));
+            tracing::debug!(
+                volume = %self.cfg.name,
+                commits = lat.len(),
+                recorded = ?steady,
+                took = ?start.elapsed(),
+                latencies_us = ?lat.iter().map(|s| (s * 1e6).round() as u64).collect::<Vec<_>>(),
+                "commit burst"
+            );
+            for (at, t) in &done[steady] {
+                self.record_commit(Phase::Busy, *at, t);
             }
         }
         if let Some(read) = &p.read {

@@ -114,6 +114,16 @@ pub struct Snapshot {
     pub rate_min_samples: [Option<usize>; 2],
 }
 
+/// A stretch factor in thousandths for an atomic: values below 1 (and
+/// non-finite ones) mean 1, as configured.
+fn stretch_milli(factor: f64) -> u64 {
+    if factor.is_finite() {
+        (factor.max(1.0) * 1000.0).round().min(1e9) as u64
+    } else {
+        1000
+    }
+}
+
 impl VolumeState {
     /// The filesystem type the volume is on (`ext4`, `tmpfs`, ...).
     pub fn fstype(&self) -> String {
@@ -180,12 +190,9 @@ impl VolumeState {
     /// Sets the stretch factor; values below 1 mean 1. Returns the previous
     /// factor, so the caller can log a change once.
     pub fn set_slowdown(&self, factor: f64) -> f64 {
-        let milli = if factor.is_finite() {
-            (factor.max(1.0) * 1000.0).round().min(1e9) as u64
-        } else {
-            1000
-        };
-        self.slowdown_milli.swap(milli, Ordering::Relaxed) as f64 / 1000.0
+        self.slowdown_milli
+            .swap(stretch_milli(factor), Ordering::Relaxed) as f64
+            / 1000.0
     }
 
     /// How many times the usual length the latest commit burst was: above
@@ -197,12 +204,8 @@ impl VolumeState {
 
     /// Sets [`Self::burst_stretch`]; values below 1 mean 1.
     pub fn set_burst_stretch(&self, factor: f64) {
-        let milli = if factor.is_finite() {
-            (factor.max(1.0) * 1000.0).round().min(1e9) as u64
-        } else {
-            1000
-        };
-        self.burst_stretch_milli.store(milli, Ordering::Relaxed);
+        self.burst_stretch_milli
+            .store(stretch_milli(factor), Ordering::Relaxed);
     }
 
     /// The commit rate a throttle allowed the latest burst (commits per

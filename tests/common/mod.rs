@@ -31,6 +31,27 @@ pub struct Exporter {
     pub log: Arc<Mutex<String>>,
 }
 
+/// The exporter's binary (`BIN`, arguments to follow) in a mount namespace
+/// of its own where an empty tmpfs covers /sys/fs/cgroup: a cgroup's
+/// limits still apply to its IO but it cannot read them, as a cloud
+/// volume's cap applies to a guest that has no file to read it from. The
+/// private namespace keeps the tmpfs from showing on the host; `exec`
+/// twice, so the child's pid is the exporter itself. Needs root and
+/// `unshare` (util-linux).
+pub fn hidden_cgroups_command() -> Command {
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        "mount -t tmpfs none /sys/fs/cgroup && exec \"$0\" \"$@\"",
+        BIN,
+    ]);
+    cmd
+}
+
 impl Exporter {
     /// Starts the exporter on a free loopback port with extra args and waits
     /// until it logs where it listens.
@@ -75,17 +96,7 @@ impl Exporter {
     /// Needs root and `unshare` (util-linux). The private namespace keeps
     /// the tmpfs from showing on the host.
     pub fn start_hidden_in(args: &[&str], cgroup_procs: &Path) -> Exporter {
-        let mut cmd = Command::new("unshare");
-        cmd.args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            // exec twice: the pid the test holds is the exporter itself.
-            "mount -t tmpfs none /sys/fs/cgroup && exec \"$0\" \"$@\"",
-            BIN,
-        ]);
+        let mut cmd = hidden_cgroups_command();
         cmd.args(args);
         join_cgroup_before_exec(&mut cmd, cgroup_procs);
         Self::spawn(cmd)

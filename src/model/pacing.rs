@@ -165,8 +165,8 @@ impl ReadBurst {
 /// a wait goes on for [`CommitBurstPlan::span`] after it (many cycles,
 /// whatever their shape), and records the commits after its first wait up
 /// to and including its last one ([`steady_commits`]). A burst without
-/// waits records its second half, as the device path has warmed up by
-/// then.
+/// whole cycles records its last `least` / 2 commits (the second half of
+/// one without waits), as the device path has warmed up by then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommitBurstPlan {
     /// Commits every burst does; the first half warms the path up.
@@ -258,16 +258,21 @@ pub const CYCLE_WAIT_SHARE: f64 = 0.5;
 /// figure: from just after the first wait that ends a cycle
 /// ([`CYCLE_WAIT_SHARE`]) up to and including the last one, when there are
 /// two or more (whole throttle cycles, whose mean is the throttled rate);
-/// else the second half. The first commit is never a wait (it follows a
+/// else its warmed tail ([`warmed_tail`]). The first commit is never a wait (it follows a
 /// pause).
-pub fn steady_commits(latencies: &[f64]) -> std::ops::Range<usize> {
-    whole_cycles(latencies).unwrap_or_else(|| second_half(latencies.len()))
+pub fn steady_commits(latencies: &[f64], least: u32) -> std::ops::Range<usize> {
+    whole_cycles(latencies).unwrap_or_else(|| warmed_tail(latencies.len(), least))
 }
 
-/// The second half of a burst of `n` commits: its busy figure when it met
-/// no throttle, the first half having warmed the device path up.
-pub fn second_half(n: usize) -> std::ops::Range<usize> {
-    n / 2..n
+/// The busy figure of a burst of `n` commits that met no throttle cycles:
+/// its last `least` / 2 commits, the ones before having warmed the device
+/// path up (the second half of a burst of `least`). A burst that ran on
+/// past `least` after a single slow commit (a busy host, not a throttle)
+/// records no more than one of `least` does, so it weighs its moment no
+/// more than any other burst and the rates still wait for several.
+pub fn warmed_tail(n: usize, least: u32) -> std::ops::Range<usize> {
+    let keep = (least as usize / 2).min(n - n / 2);
+    n - keep..n
 }
 
 /// The whole throttle cycles of a finished burst, as [`steady_commits`]
@@ -406,13 +411,14 @@ mod tests {
     fn unthrottled_burst_records_its_second_half() {
         let lat = commit_burst_of(&CPLAN, |i| if i == 0 { 0.7 } else { 0.25 });
         assert_eq!(lat.len(), 24);
-        assert_eq!(steady_commits(&lat), 12..24);
+        assert_eq!(steady_commits(&lat, CPLAN.least), 12..24);
         // One slow commit (2 ms) is a wait: the burst goes on up to its
-        // limit, then records its second half as a burst without whole
-        // cycles.
+        // limit, then records its last 12 as a burst without whole cycles
+        // does, not 128 from one moment.
         let lat = commit_burst_of(&CPLAN, |i| if i == 7 { 2.0 } else { 0.25 });
         assert_eq!(lat.len(), 256);
-        assert_eq!(steady_commits(&lat), 128..256);
+        assert_eq!(steady_commits(&lat, CPLAN.least), 244..256);
+        assert_eq!(warmed_tail(10, 24), 5..10);
     }
 
     #[test]
@@ -421,7 +427,7 @@ mod tests {
         // commit, commits done: the first slice, then a second of slices)
         for (per, cap, n) in [(5, 100.0, 55), (10, 200.0, 110), (20, 400.0, 220)] {
             let lat = commit_burst_of(&CPLAN, throttled(per));
-            let r = steady_commits(&lat);
+            let r = steady_commits(&lat, CPLAN.least);
             let rate = 1.0 / mean(&lat[r.clone()]);
             assert!(
                 (rate - cap / 2.0).abs() / (cap / 2.0) < 1e-6,
@@ -433,7 +439,7 @@ mod tests {
         // A throttle that lets more than a burst's least commits through
         // at once goes unseen: 50 commits a slice (1,000 write IOPS).
         let lat = commit_burst_of(&CPLAN, throttled(50));
-        assert_eq!((lat.len(), steady_commits(&lat)), (24, 12..24));
+        assert_eq!((lat.len(), steady_commits(&lat, CPLAN.least)), (24, 12..24));
         // The measured 400-IOPS burst, its first commit after a pause.
         let measured = [
             0.87, 0.18, 0.11, 0.10, 0.08, 0.09, 0.08, 0.09, 0.09, 0.08, 0.08, 0.08, 0.08, 0.08,
@@ -443,7 +449,7 @@ mod tests {
             0.15, 0.11, 0.11, 97.36,
         ]
         .map(|ms| ms / 1e3);
-        let r = steady_commits(&measured);
+        let r = steady_commits(&measured, CPLAN.least);
         assert_eq!(r, 20..60);
         let rate = 1.0 / mean(&measured[r]);
         assert!((rate - 200.0).abs() < 3.0, "{rate}");
@@ -462,7 +468,7 @@ mod tests {
             4465, 3434, 7982, 83039, 251, 437, 4591, 19574, 76083,
         ]
         .map(|us| us as f64 / 1e6);
-        let r = steady_commits(&measured);
+        let r = steady_commits(&measured, CPLAN.least);
         // Nine slices of 100 ms, five commits each: fio did 50.0/s in
         // the same group.
         assert_eq!(r, 6..51);
@@ -478,7 +484,7 @@ mod tests {
         // after the bucket is a wait; a second of them is recorded.
         let lat = commit_burst_of(&CPLAN, |i| if i < 16 { 0.1 } else { 10.0 });
         assert_eq!(lat.len(), 117);
-        let r = steady_commits(&lat);
+        let r = steady_commits(&lat, CPLAN.least);
         assert_eq!(r, 17..117);
         assert!((mean(&lat[r]) - 0.010).abs() < 1e-9);
     }
@@ -488,7 +494,7 @@ mod tests {
         // A 1.5 s accounting period letting 20 commits through: the burst
         // ends at its second wait, one whole cycle.
         let lat = commit_burst_of(&CPLAN, |i| if i % 20 == 19 { 1498.1 } else { 0.1 });
-        let r = steady_commits(&lat);
+        let r = steady_commits(&lat, CPLAN.least);
         assert_eq!((lat.len(), r.clone()), (40, 20..40));
         assert!((1.0 / mean(&lat[r]) - 20.0 / 1.5).abs() < 0.01);
     }

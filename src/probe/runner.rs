@@ -14,7 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
-use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, second_half, whole_cycles};
+use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, warmed_tail, whole_cycles};
 use crate::probe::engine::{CommitTiming, Engine};
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{
@@ -483,7 +483,7 @@ impl Runner {
     /// A burst of back-to-back probes: commits as [`COMMIT_BURST`] says,
     /// then reads as [`BURST_READS`] says. The commits' busy figure is
     /// chosen when the burst is over (`model::pacing::steady_commits`): whole throttle
-    /// cycles where the burst met a throttle, else its second half; the
+    /// cycles where the burst met a throttle, else its last 12 commits; the
     /// rest warmed the device path up and is only counted. The first reads
     /// warm up likewise. A failed probe ends the burst: a failing device is
     /// not hammered. Sets the volume's burst stretch: how many times
@@ -523,7 +523,7 @@ impl Runner {
                 crate::model::ceiling::commit_ceiling(lat[r].iter().sum::<f64>() / n)
             });
             self.state.set_throttled_commit_rate(throttled);
-            let steady = cycles.unwrap_or_else(|| second_half(lat.len()));
+            let steady = cycles.unwrap_or_else(|| warmed_tail(lat.len(), COMMIT_BURST.least));
             tracing::debug!(
                 volume = %self.cfg.name,
                 commits = lat.len(),

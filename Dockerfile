@@ -27,7 +27,7 @@
 # Run it on the PostgreSQL host as the owner of the data directory, with
 # PostgreSQL's directories mounted at their own paths, so that volume
 # discovery can read them and create probe directories beside them
-# (README.md, "Install: container image"; scripts/container-test runs this):
+# (docs/install.md, "Container image"; scripts/container-test runs this):
 #
 #   docker run -d --name pg-storage-exporter --network host \
 #     --user "$(stat -c %u:%g /srv/pg/data)" -v /srv/pg:/srv/pg -e PGPASSWORD \

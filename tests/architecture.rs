@@ -550,3 +550,25 @@ fn documented_source_paths_exist() {
     }
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+/// The code map of ARCHITECTURE.md names every source file, by its path
+/// in backticks (`src/probe/runner.rs`), so a new file cannot be left off
+/// the map.
+#[test]
+fn code_map_names_every_source_file() {
+    let map =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md"))
+            .unwrap();
+    let files = sources();
+    assert!(files.len() >= 50, "{} source files", files.len());
+    let missing: Vec<String> = files
+        .iter()
+        .map(|(p, _)| p.display().to_string())
+        .filter(|p| !map.contains(&format!("`src/{p}`")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "source files missing from ARCHITECTURE.md's code map (add one line each):\n{}",
+        missing.join("\n")
+    );
+}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/busy_fidelity.py: the daemon at default settings against fio, busy
 and after idle, in interleaved pairs (the acceptance measurement of the busy
-and after-idle probes; BENCHMARKS.md "Busy and after idle").
+and after-idle probes in short; BENCHMARKS.md, "Other benchmarks").
 
 Run as root from anywhere, after `cargo build --release`:
 

@@ -30,7 +30,7 @@ use crate::families::Encoder;
 /// that keeps committing does.
 pub const TRIES: usize = 5;
 
-/// Whether this session reaches the server over a Unix-domain socket
+/// Whether the session reaches the server over a Unix-domain socket
 /// (`inet_client_addr()` is NULL) or a loopback address.
 pub async fn local(c: Db<'_>) -> QResult<bool> {
     let row = c

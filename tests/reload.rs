@@ -408,3 +408,72 @@ fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume_17() {
 fn sighup_adds_and_removes_a_cluster_with_its_discovered_volume_18() {
     sighup_adds_and_removes_a_cluster_with_its_discovered_volume(PgKind::V18);
 }
+
+fn auth_errors(m: &str) -> f64 {
+    sample(
+        m,
+        "pgstorage_pg_scrape_errors_total{cluster=\"c\",query=\"connect\",cause=\"auth\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+/// A `password_file` is read at start and again on every reload, not in
+/// between: a password fixed in the file is not used by the reconnects
+/// that follow (each fails again), and is by the reload, which reconnects
+/// the cluster whose password changed. Never logged.
+#[test]
+fn sighup_rereads_a_changed_password_file() {
+    const WRONG: &str = "Wrong-Pa55word-4-reload";
+    let Some(mut stack) = Stack::builder()
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .cli(|pg, work| {
+            let pw = work.join("mon.password");
+            std::fs::write(&pw, format!("{WRONG}\n")).unwrap();
+            let cfg = work.join("password-reload.toml");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "window = \"1m\"\n[[cluster]]\nname = \"c\"\n\
+                     dsn = \"host=127.0.0.1 port={} user=mon dbname=postgres sslmode=disable\"\n\
+                     password_file = \"{}\"\nscrape_interval = \"500ms\"\ndiscover_volumes = false\n",
+                    pg.port(),
+                    pw.display()
+                ),
+            )
+            .unwrap();
+            vec!["--config.file".to_string(), cfg.display().to_string()]
+        })
+        .ready("the wrong password refused twice", WAIT, |m| {
+            auth_errors(m) >= 2.0
+        })
+        .start()
+    else {
+        return;
+    };
+    let pw = stack.work.path().join("mon.password");
+    std::fs::write(&pw, format!("{MON_PASSWORD}\n")).unwrap();
+    let before = auth_errors(&stack.ready);
+    let ex = &mut stack.ex;
+    // The reconnects after the fix still send the password read at start.
+    let m = ex.wait_for("another refused reconnect", WAIT, |m| {
+        auth_errors(m) > before
+    });
+    assert_eq!(
+        sample(&m, "pgstorage_pg_up{cluster=\"c\"}"),
+        Some(0.0),
+        "{m}"
+    );
+
+    ex.signal(libc::SIGHUP);
+    ex.wait_for("cluster c up with the new password", WAIT, |m| {
+        sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
+    });
+    let log = ex.wait_log("configuration reloaded", WAIT);
+    assert!(log.contains("clusters_changed=\"[\\\"c\\\"]\""), "{log}");
+    for secret in [WRONG, MON_PASSWORD] {
+        assert!(!log.contains(secret), "a password in the log:\n{log}");
+    }
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+}

@@ -1,9 +1,12 @@
 # syntax=docker/dockerfile:1
 #
-# Container image of pg-storage-exporter: a Rust builder stage, then a
-# Debian 12 (bookworm) slim runtime with the binary, CA certificates (for
-# sslrootcert=system) and a non-root user. Build from the repository root,
-# with docker or podman:
+# Container image of pg-storage-exporter: a Rust builder stage, then an
+# image from scratch holding only what the binary needs at run time: the
+# binary, the four glibc shared objects it links (ldd lists them), the CA
+# bundle (for sslrootcert=system), and passwd/group entries for its
+# non-root user. No shell, no package manager: nothing in the image that
+# the exporter does not run. Build from the repository root, with docker or
+# podman:
 #
 #   docker build -t pg-storage-exporter .
 #   podman build -t pg-storage-exporter .
@@ -14,15 +17,13 @@
 #
 # Base images are build arguments, for a registry mirror or local images:
 #
-#   podman build --build-arg BUILDER_IMAGE=localhost/my-rust \
-#     --build-arg RUNTIME_IMAGE=localhost/my-bookworm -t pg-storage-exporter .
+#   podman build --build-arg BUILDER_IMAGE=localhost/my-rust -t pg-storage-exporter .
 #
-# The builder needs Rust 1.85 or later (edition 2024), cargo and a C
-# compiler (ring), with cargo's home in /usr/local/cargo as in the official
-# rust images; the runtime image must be Debian bookworm (the binary links
-# against its glibc) with apt. scripts/container-test builds both from local
-# Debian packages and the host's Rust toolchain, then runs and scrapes the
-# image.
+# The builder needs Rust 1.85 or later (edition 2024), cargo, a C compiler
+# (ring), ldd and a CA bundle at /etc/ssl/certs/ca-certificates.crt, with
+# cargo's home in /usr/local/cargo as in the official rust images.
+# scripts/container-test builds one from local Debian packages and the
+# host's Rust toolchain, then builds, runs and scrapes the image.
 #
 # Run it on the PostgreSQL host as the owner of the data directory, with
 # PostgreSQL's directories mounted at their own paths, so that volume
@@ -35,6 +36,8 @@
 #
 # Without arguments it runs --config.file /etc/pg-storage-exporter/config.toml
 # (the image has none: mount one, e.g. -v /etc/pg-storage-exporter:/etc/pg-storage-exporter:ro).
+# Debugging needs a shell the image does not have: `docker cp` the binary
+# out, or run a debug container in the exporter's namespaces.
 #
 # The image's own user (uid 10001) suits a configuration whose probe
 # directories it can write, and in a PostgreSQL pod run it as the PostgreSQL
@@ -55,7 +58,6 @@
 # Do not loosen the container's seccomp profile for the exporter.
 
 ARG BUILDER_IMAGE=docker.io/library/rust:1.95-bookworm
-ARG RUNTIME_IMAGE=docker.io/library/debian:12-slim
 
 FROM ${BUILDER_IMAGE} AS builder
 WORKDIR /src
@@ -63,22 +65,36 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 # Cache mounts keep the crate registry and the build directory between
 # builds (docker with BuildKit, podman 4 and later); the binary is copied
-# out of the cache in the same step.
+# out of the cache in the same step, without its symbols (a backtrace
+# still names functions: the symbol table of a Rust binary is only
+# needed by debuggers, and it is most of the file's size).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
-    && install -m 0755 target/release/pg-storage-exporter /usr/local/bin/pg-storage-exporter
+    && install -m 0755 -s target/release/pg-storage-exporter /usr/local/bin/pg-storage-exporter
+# The run-time tree. Shared objects by ldd's list (the loader, libc, libm,
+# libgcc_s), copied at their own paths, where the binary's ELF interpreter
+# and glibc look for them. glibc has had its `files` and `dns` lookups
+# built in since 2.34, so nsswitch.conf naming them is all that name
+# lookups (the DSN's host, the user's name for libpq's default user) need.
+# /tmp is the only writable place a process may expect; probe directories
+# are bind mounts.
+RUN set -eu; \
+    root=/rootfs; \
+    mkdir -p "$root/usr/local/bin" "$root/etc/ssl/certs" "$root/etc/pg-storage-exporter" "$root/tmp"; \
+    chmod 1777 "$root/tmp"; \
+    cp /usr/local/bin/pg-storage-exporter "$root/usr/local/bin/"; \
+    for lib in $(ldd /usr/local/bin/pg-storage-exporter | grep -o '/[^ ]*'); do \
+        cp --parents -L "$lib" "$root/"; \
+    done; \
+    cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"; \
+    printf 'root:x:0:0:root:/root:/sbin/nologin\npgse:x:10001:10001::/nonexistent:/sbin/nologin\n' >"$root/etc/passwd"; \
+    printf 'root:x:0:\npgse:x:10001:\n' >"$root/etc/group"; \
+    printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$root/etc/nsswitch.conf"; \
+    chroot "$root" /usr/local/bin/pg-storage-exporter --version
 
-FROM ${RUNTIME_IMAGE}
-RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends ca-certificates \
-    && apt-get clean \
-    && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin \
-    && groupadd --system --gid 10001 pgse \
-    && useradd --system --uid 10001 --gid 10001 --no-create-home \
-       --home-dir /nonexistent --shell /usr/sbin/nologin pgse \
-    && mkdir -p /etc/pg-storage-exporter
-COPY --from=builder /usr/local/bin/pg-storage-exporter /usr/local/bin/pg-storage-exporter
+FROM scratch
+COPY --from=builder /rootfs/ /
 USER 10001:10001
 EXPOSE 9847
 ENTRYPOINT ["/usr/local/bin/pg-storage-exporter"]

@@ -63,35 +63,16 @@ FROM ${BUILDER_IMAGE} AS builder
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+COPY scripts/image-rootfs /usr/local/bin/image-rootfs
 # Cache mounts keep the crate registry and the build directory between
 # builds (docker with BuildKit, podman 4 and later); the binary is copied
-# out of the cache in the same step, without its symbols (a backtrace
-# still names functions: the symbol table of a Rust binary is only
-# needed by debuggers, and it is most of the file's size).
+# out of the cache in the same step, into the run-time tree that
+# scripts/image-rootfs assembles (the binary, the glibc objects it links,
+# the CA bundle, passwd/group entries).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
-    && install -m 0755 -s target/release/pg-storage-exporter /usr/local/bin/pg-storage-exporter
-# The run-time tree. Shared objects by ldd's list (the loader, libc, libm,
-# libgcc_s), copied at their own paths, where the binary's ELF interpreter
-# and glibc look for them. glibc has had its `files` and `dns` lookups
-# built in since 2.34, so nsswitch.conf naming them is all that name
-# lookups (the DSN's host, the user's name for libpq's default user) need.
-# /tmp is the only writable place a process may expect; probe directories
-# are bind mounts.
-RUN set -eu; \
-    root=/rootfs; \
-    mkdir -p "$root/usr/local/bin" "$root/etc/ssl/certs" "$root/etc/pg-storage-exporter" "$root/tmp"; \
-    chmod 1777 "$root/tmp"; \
-    cp /usr/local/bin/pg-storage-exporter "$root/usr/local/bin/"; \
-    for lib in $(ldd /usr/local/bin/pg-storage-exporter | grep -o '/[^ ]*'); do \
-        cp --parents -L "$lib" "$root/"; \
-    done; \
-    cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/ssl/certs/"; \
-    printf 'root:x:0:0:root:/root:/sbin/nologin\npgse:x:10001:10001::/nonexistent:/sbin/nologin\n' >"$root/etc/passwd"; \
-    printf 'root:x:0:\npgse:x:10001:\n' >"$root/etc/group"; \
-    printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$root/etc/nsswitch.conf"; \
-    chroot "$root" /usr/local/bin/pg-storage-exporter --version
+    && image-rootfs target/release/pg-storage-exporter /rootfs
 
 FROM scratch
 COPY --from=builder /rootfs/ /

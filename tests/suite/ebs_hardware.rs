@@ -26,8 +26,9 @@ fn real_ebs_controllers_answer_the_statistics_page() {
         "no AWS EBS NVMe controller in /sys/class/nvme"
     );
     // SAFETY: geteuid cannot fail.
+    let euid = unsafe { libc::geteuid() };
     assert!(
-        unsafe { libc::geteuid() } == 0,
+        euid == 0,
         "the Get Log Page ioctl needs root (CAP_SYS_ADMIN)"
     );
     for c in &ctrls {

@@ -379,7 +379,10 @@ fn lookup_user(name: &str) -> Option<(u32, u32, PathBuf)> {
 /// `None` when PostgreSQL tests are left out (see [`super::cannot_run`]);
 /// a failure otherwise.
 fn unavailable(why: &str) -> Option<PgServer> {
-    let test = std::thread::current().name().unwrap_or("a test").to_string();
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
     super::cannot_run(super::Part::Postgres, &test, why);
     None
 }

@@ -1,7 +1,8 @@
 //! Start-up against hostile input, on the real binary: a telemetry path the
-//! router cannot take as a literal route, and a stop signal at any moment
-//! of the start. Each must end in a clear error or a clean exit, with
-//! nothing left in the probe directory's place.
+//! router cannot take as a literal route, a stop signal at any moment of
+//! the start, and configuration, web configuration and password files that
+//! are devices or FIFOs. Each must end in a clear error or a clean exit,
+//! with nothing left in the probe directory's place.
 
 use crate::common;
 
@@ -252,6 +253,135 @@ fn a_stop_signal_at_any_moment_of_the_start_leaves_nothing_behind() {
         leftovers.join("\n")
     );
     assert!(clean > STARTS / 2, "{clean} clean exits of {STARTS}");
+}
+
+fn mkfifo(p: &Path) {
+    let out = Command::new("mkfifo").arg(p).output().unwrap();
+    assert!(out.status.success(), "mkfifo: {out:?}");
+}
+
+/// How long a refused start may take. The error comes at once (tens of
+/// milliseconds); the exporter used to read /dev/zero until memory ran out
+/// (1.9–2.6 GB in seconds) and to wait for ever on a FIFO.
+const AT_ONCE: Duration = Duration::from_secs(2);
+
+fn assert_refused_at_start(what: &str, r: &Ended, needles: &[&str]) {
+    assert_eq!(
+        r.status.and_then(|s| s.code()),
+        Some(2),
+        "{what}: {:?} after {:?} (None: killed at the time limit)\n{}",
+        r.status,
+        r.took,
+        r.stderr
+    );
+    assert!(r.took < AT_ONCE, "{what}: exit 2 after {:?}", r.took);
+    for n in needles {
+        assert!(r.stderr.contains(n), "{what}: no {n:?} in:\n{}", r.stderr);
+    }
+    println!("{what}: exit 2 after {:?}", r.took);
+}
+
+/// `password_file`, `--config.file`, `--web.config.file` and a TLS
+/// `key_file` pointing at /dev/zero or a FIFO: exit 2 at once, the error
+/// naming the key (or flag) and the path and saying what the file is, and
+/// no probe file created.
+#[test]
+fn device_and_fifo_files_are_refused_at_start_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("v");
+    std::fs::create_dir(&vol).unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    let fifo_s = fifo.to_str().unwrap();
+    let cfg = dir.path().join("c.toml");
+    let with_password_file = |pf: &str| {
+        std::fs::write(
+            &cfg,
+            format!(
+                "[[volume]]\nname = \"v\"\npath = \"{}\"\nread_file_size = \"1MiB\"\n\
+                 free_space_reserve = \"0\"\n\
+                 [[cluster]]\nname = \"main\"\ndsn = \"host=/nonexistent user=u dbname=d\"\n\
+                 password_file = \"{pf}\"\ndiscover_volumes = false\n",
+                vol.display()
+            ),
+        )
+        .unwrap();
+    };
+    let start = |args: &[&str]| {
+        let mut all = vec!["--web.listen-address", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        run_until(&all, Duration::from_secs(20))
+    };
+    let cfg_s = cfg.to_str().unwrap();
+    let key_line = "c.toml:9: cluster[0].password_file: password file";
+
+    with_password_file("/dev/zero");
+    let r = start(&["--config.file", cfg_s]);
+    assert_refused_at_start(
+        "password_file /dev/zero",
+        &r,
+        &[
+            key_line,
+            "/dev/zero: is a character device, not a regular file",
+        ],
+    );
+    with_password_file(fifo_s);
+    let r = start(&["--config.file", cfg_s]);
+    assert_refused_at_start(
+        "password_file FIFO",
+        &r,
+        &[
+            key_line,
+            &format!("{fifo_s}: is a FIFO (named pipe), not a regular file"),
+        ],
+    );
+
+    let r = start(&["--config.file", "/dev/zero"]);
+    assert_refused_at_start(
+        "--config.file /dev/zero",
+        &r,
+        &["cannot read config file /dev/zero: is a character device, not a regular file"],
+    );
+    let r = start(&["--config.file", fifo_s]);
+    assert_refused_at_start(
+        "--config.file FIFO",
+        &r,
+        &[&format!(
+            "cannot read config file {fifo_s}: is a FIFO (named pipe), not a regular file"
+        )],
+    );
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, "# padding\n".repeat(120_000)).unwrap();
+    let r = start(&["--config.file", big.to_str().unwrap()]);
+    assert_refused_at_start(
+        "--config.file of 1.2 MB",
+        &r,
+        &["is larger than 1 MiB, the most a configuration file may hold"],
+    );
+
+    let r = start(&["--web.config.file", "/dev/zero"]);
+    assert_refused_at_start(
+        "--web.config.file /dev/zero",
+        &r,
+        &["--web.config.file /dev/zero: cannot read: is a character device, not a regular file"],
+    );
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        "tls_server_config:\n  cert_file: /dev/zero\n  key_file: /dev/zero\n",
+    )
+    .unwrap();
+    let r = start(&["--web.config.file", web.to_str().unwrap()]);
+    assert_refused_at_start(
+        "TLS cert_file /dev/zero",
+        &r,
+        &["tls_server_config.cert_file /dev/zero: cannot read: is a character device"],
+    );
+    assert!(
+        !probe_dir(&vol).exists(),
+        "{:?}",
+        dir_entries(&probe_dir(&vol))
+    );
 }
 
 /// `check` stopped by SIGTERM, SIGINT or SIGHUP (its terminal closed) at a

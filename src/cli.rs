@@ -410,9 +410,100 @@ pub fn parse_listen(addr: &str) -> Result<std::net::SocketAddr, String> {
         .ok_or_else(|| format!("--web.listen-address {addr:?}: resolves to no address"))
 }
 
+/// Checks `--web.telemetry-path` as a literal route: an absolute path of
+/// non-empty segments made of the characters a request path carries as
+/// they are (RFC 3986 `pchar` without percent-encoding), none starting
+/// with `:` or `*` and no `{` or `}` anywhere, and neither `/` nor
+/// `/healthz`, which the exporter serves itself. axum takes `{name}` and
+/// `{*rest}` as captures (so `/{id}` would serve metrics on every
+/// one-segment path) and panics on a segment starting with `:` or `*` (the
+/// capture syntax of its older versions); a request path never carries a
+/// space, `?` or `#` as such, so a route holding one could never match.
+pub fn check_telemetry_path(path: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("--web.telemetry-path {path:?}: {why}"));
+    if !path.starts_with('/') {
+        return bad("must start with /");
+    }
+    if path == "/" || path == "/healthz" {
+        return bad("/ and /healthz are served by the exporter itself; choose another path");
+    }
+    if path.contains(['{', '}']) {
+        return bad(
+            "{ and } are the router's capture syntax (/{id} would serve the metrics on every \
+             one-segment path): give a literal path",
+        );
+    }
+    if let Some(c) = path
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || "/-._~!$&'()*+,;=:@".contains(*c)))
+    {
+        return bad(&format!(
+            "{c:?} is not allowed; use letters, digits and - . _ ~ ! $ & ' ( ) * + , ; = : @"
+        ));
+    }
+    if path.contains("//") {
+        return bad("an empty segment (//)");
+    }
+    if let Some(segment) = path
+        .split('/')
+        .find(|s| s.starts_with(':') || s.starts_with('*'))
+    {
+        return bad(&format!(
+            "segment {segment:?} starts with '{}', which the router would take as a capture, \
+             not a literal path",
+            &segment[..1]
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn telemetry_paths_are_literal_routes() {
+        for ok in [
+            "/metrics",
+            "/probe-metrics",
+            "/a/b/metrics",
+            "/metrics/",
+            "/v1:metrics",
+            "/a*b",
+            "/~x.y_z",
+        ] {
+            assert_eq!(check_telemetry_path(ok), Ok(()), "{ok}");
+            // What passes is a route axum takes as it is, without a panic.
+            let _ = axum::Router::<()>::new().route(ok, axum::routing::get(|| async { "" }));
+        }
+        let err = |p: &str| check_telemetry_path(p).unwrap_err();
+        assert_eq!(
+            err("/:x"),
+            "--web.telemetry-path \"/:x\": segment \":x\" starts with ':', which the router \
+             would take as a capture, not a literal path"
+        );
+        assert!(err("/*rest").contains("segment \"*rest\" starts with '*'"));
+        assert!(err("/a/:b").contains("segment \":b\""));
+        assert_eq!(
+            err("/{id}"),
+            "--web.telemetry-path \"/{id}\": { and } are the router's capture syntax (/{id} \
+             would serve the metrics on every one-segment path): give a literal path"
+        );
+        assert!(err("/{*rest}").contains("capture syntax"));
+        assert!(err("/a}").contains("capture syntax"));
+        assert!(err("/a//b").ends_with("an empty segment (//)"));
+        assert!(err("//").ends_with("an empty segment (//)"));
+        assert!(err("metrics").ends_with("must start with /"));
+        assert!(err("").ends_with("must start with /"));
+        assert!(err("/").contains("served by the exporter itself"));
+        assert!(err("/healthz").contains("served by the exporter itself"));
+        assert!(err("/a b").contains("' ' is not allowed"));
+        assert!(err("/a?b").contains("'?' is not allowed"));
+        assert!(err("/a#b").contains("'#' is not allowed"));
+        assert!(err("/a%20b").contains("'%' is not allowed"));
+        assert!(err("/métriques").contains("'é' is not allowed"));
+        assert!(err("/a\nb").contains("'\\n' is not allowed"));
+    }
 
     #[test]
     fn listen_addresses() {

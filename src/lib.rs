@@ -14,6 +14,7 @@ pub mod events;
 pub mod exposition;
 pub mod families;
 pub mod http;
+pub mod input;
 pub mod limits;
 pub mod logging;
 pub mod model;

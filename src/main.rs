@@ -10,9 +10,15 @@ use pg_storage_exporter::check::{self, CheckOptions};
 use pg_storage_exporter::cli::{Cli, Command, OutputFormat, parse_listen};
 use pg_storage_exporter::config::{self, FlagOverrides};
 use pg_storage_exporter::http::web_config::{self, WebSecurity};
-use pg_storage_exporter::logging;
+use pg_storage_exporter::{logging, sys};
 
 fn main() -> ExitCode {
+    // Before anything else, while this is the only thread: SIGTERM, SIGINT
+    // and SIGHUP wait, instead of killing the process, until the daemon or
+    // `check` has its handlers in place (every thread started from here on
+    // inherits the held mask). A stop request at any moment of the start
+    // then ends in the orderly shutdown that removes the probe files.
+    sys::hold_stop_signals();
     let cli = pg_storage_exporter::cli::parse();
     logging::init(cli.log_level, cli.log_format);
     match cli.command {
@@ -50,6 +56,9 @@ fn main() -> ExitCode {
                 Ok(())
             };
             if a.audit_only {
+                // Creates no file: the signals keep their default action,
+                // so Ctrl-C ends a slow audit at once.
+                sys::release_stop_signals();
                 let out = check::audit_only(&a.path)
                     .and_then(|mut r| cluster_audit(&mut r).map(|()| r))
                     .and_then(|r| {
@@ -183,14 +192,8 @@ fn run_daemon(cli: Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if !cli.telemetry_path.starts_with('/')
-        || cli.telemetry_path == "/"
-        || cli.telemetry_path == "/healthz"
-    {
-        eprintln!(
-            "pg-storage-exporter: --web.telemetry-path {:?}: must start with / and differ from / and /healthz",
-            cli.telemetry_path
-        );
+    if let Err(e) = pg_storage_exporter::cli::check_telemetry_path(&cli.telemetry_path) {
+        eprintln!("pg-storage-exporter: {e}");
         return ExitCode::from(2);
     }
     // Like the configuration: a missing certificate or a malformed hash stops
@@ -241,7 +244,22 @@ fn run_daemon(cli: Cli) -> ExitCode {
         file: cli.config_file.clone(),
         flags,
     };
-    let result = runtime.block_on(daemon::run(cfg, web, source));
+    // Installed inside the runtime, then released on this thread (the one
+    // that runs the daemon to its end): a signal held since the first line
+    // of main reaches its handler now.
+    let signals = {
+        let _inside = runtime.enter();
+        daemon::Signals::install()
+    };
+    let signals = match signals {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("pg-storage-exporter: {}", chain(&e));
+            return ExitCode::from(1);
+        }
+    };
+    sys::release_stop_signals();
+    let result = runtime.block_on(daemon::run(cfg, web, source, signals));
     // Abandoned probe threads must not keep the process alive.
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
     match result {

@@ -19,7 +19,11 @@
 //!   call, holding the buffer: the wait cannot be interrupted, so the
 //!   daemon counts the timeout and abandons the thread rather than free
 //!   anything it holds.
-//! - [`catch_interrupts`]: SIGINT/SIGTERM handlers that only set a flag.
+//! - [`hold_stop_signals`] and [`release_stop_signals`]: SIGINT, SIGTERM
+//!   and SIGHUP held pending from the first instruction of `main` until
+//!   their handlers are in place.
+//! - [`catch_interrupts`]: SIGINT/SIGTERM/SIGHUP handlers that only set a
+//!   flag.
 //! - [`nvme_get_log_page`]: the NVMe admin Get Log Page ioctl, whose
 //!   kernel side writes into a caller's buffer during the call only.
 //!
@@ -421,28 +425,78 @@ impl<const N: usize> Drop for UringQueue<'_, N> {
     }
 }
 
+/// The signals that stop (SIGINT, SIGTERM) or reload (SIGHUP) the process.
+/// Their default action ends it on the spot, leaving behind whatever probe
+/// files, lock and probe directory it had created: until a handler is in
+/// place they must be held, not delivered.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn change_stop_signals(how: libc::c_int) {
+    let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigemptyset initialises the whole set behind the pointer it
+    // is given (a live, writable sigset_t) and cannot fail for a valid
+    // pointer; sigaddset only sets a bit of that initialised set and fails
+    // only for an invalid signal number, which these are not.
+    // pthread_sigmask reads the set and, with a null old-set pointer,
+    // writes nothing; it changes the calling thread's mask alone and fails
+    // only for an invalid `how` (SIG_BLOCK and SIG_UNBLOCK are valid).
+    unsafe {
+        libc::sigemptyset(set.as_mut_ptr());
+        for sig in STOP_SIGNALS {
+            libc::sigaddset(set.as_mut_ptr(), sig);
+        }
+        libc::pthread_sigmask(how, set.as_ptr(), std::ptr::null_mut());
+    }
+}
+
+/// Holds SIGINT, SIGTERM and SIGHUP pending instead of delivering them to
+/// the calling thread. Call it first thing in `main`, before any thread
+/// exists: a signal mask is per thread and every thread inherits its
+/// creator's, so all threads the process will have (the async runtime's,
+/// the blocking pool's, the probe threads) start with the three held, and
+/// a signal that arrives at any moment of the start waits for
+/// [`release_stop_signals`] instead of killing the process half way. (A
+/// child started with `std::process::Command` gets an empty mask: std
+/// resets it between fork and exec.)
+pub fn hold_stop_signals() {
+    change_stop_signals(libc::SIG_BLOCK);
+}
+
+/// Lets SIGINT, SIGTERM and SIGHUP through to the calling thread again,
+/// once their handlers are installed: a signal held meanwhile is delivered
+/// to a handler now. Only the calling thread's mask changes; the kernel
+/// delivers a signal sent to the process to a thread that does not hold
+/// it, so releasing them on the main thread alone is enough.
+pub fn release_stop_signals() {
+    change_stop_signals(libc::SIG_UNBLOCK);
+}
+
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_interrupt(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-/// Makes SIGINT (Ctrl-C) and SIGTERM set the flag [`interrupted`] reads
-/// instead of ending the process, so a run can stop early and still clean
-/// up. signal(2) fails only for an invalid or uncatchable signal number,
-/// which these are not.
+/// Makes SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed) set the
+/// flag [`interrupted`] reads instead of ending the process, so a run can
+/// stop early and still clean up, then releases them (see
+/// [`hold_stop_signals`]): one that arrived while they were held is
+/// delivered to the handler now. signal(2) fails only for an invalid or
+/// uncatchable signal number, which these are not.
 pub fn catch_interrupts() {
     let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: the handler only stores to an atomic, which is
     // async-signal-safe, and it is a plain function that lives as long as
     // the process.
     unsafe {
-        libc::signal(libc::SIGINT, handler);
-        libc::signal(libc::SIGTERM, handler);
+        for sig in STOP_SIGNALS {
+            libc::signal(sig, handler);
+        }
     }
+    release_stop_signals();
 }
 
-/// Whether SIGINT or SIGTERM arrived since [`catch_interrupts`].
+/// Whether SIGINT, SIGTERM or SIGHUP arrived since [`catch_interrupts`].
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
@@ -748,6 +802,29 @@ mod tests {
         assert!(block(1).iter().all(|&x| x == 0xA2));
         assert!(block(2).iter().all(|&x| x == 3), "untouched");
         assert!(block(3).iter().all(|&x| x == 0xA1));
+    }
+
+    /// A SIGTERM sent while the three are held waits, and reaches the
+    /// handler once they are released. (raise sends to the calling thread,
+    /// so the other tests' threads do not see it.)
+    #[test]
+    fn a_held_sigterm_is_delivered_to_the_handler_on_release() {
+        hold_stop_signals();
+        let pending = || {
+            let mut set = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+            // SAFETY: sigpending fills the set it is given; sigismember
+            // reads that initialised set.
+            unsafe {
+                assert_eq!(libc::sigpending(set.as_mut_ptr()), 0);
+                libc::sigismember(set.as_ptr(), libc::SIGTERM) == 1
+            }
+        };
+        // SAFETY: raise sends to this thread only, which holds SIGTERM.
+        assert_eq!(unsafe { libc::raise(libc::SIGTERM) }, 0);
+        assert!(pending(), "held, not delivered");
+        catch_interrupts();
+        assert!(!pending());
+        assert!(interrupted());
     }
 
     #[test]

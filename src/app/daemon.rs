@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
 pub use crate::app::supervisor::ReloadSource;
@@ -71,11 +72,47 @@ pub struct WebOptions {
     pub config_file: Option<PathBuf>,
 }
 
-pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::Result<()> {
-    // SIGHUP's default action ends the process: take it over before
-    // anything else, so a reload sent early cannot kill the exporter.
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("installing the SIGHUP handler")?;
+/// SIGTERM, SIGINT and SIGHUP, taken over from their default action (which
+/// ends the process at once, leaving its probe files behind) before the
+/// exporter binds a port or creates a file. A signal that arrives after
+/// [`Signals::install`] is kept until the daemon reads it: a SIGTERM sent
+/// while the probe files are being created stops the exporter as soon as
+/// they exist, and it removes them.
+#[derive(Debug)]
+pub struct Signals {
+    term: Signal,
+    int: Signal,
+    hup: Signal,
+}
+
+impl Signals {
+    /// Installs the handlers. Call it inside the runtime
+    /// (`Runtime::enter`), while `sys::hold_stop_signals` holds the
+    /// signals, and release them afterwards: then no moment of the start
+    /// is left to the default action.
+    pub fn install() -> anyhow::Result<Signals> {
+        let one = |kind: SignalKind, name: &str| {
+            signal(kind).with_context(|| format!("installing the {name} handler"))
+        };
+        Ok(Signals {
+            term: one(SignalKind::terminate(), "SIGTERM")?,
+            int: one(SignalKind::interrupt(), "SIGINT")?,
+            hup: one(SignalKind::hangup(), "SIGHUP")?,
+        })
+    }
+}
+
+pub async fn run(
+    cfg: Config,
+    web: WebOptions,
+    source: ReloadSource,
+    signals: Signals,
+) -> anyhow::Result<()> {
+    let Signals {
+        mut term,
+        mut int,
+        mut hup,
+    } = signals;
     let roots = crate::probe::fsinfo::Roots {
         proc: cfg.limits.proc_root.clone(),
         sys: cfg.limits.sys_root.clone(),
@@ -143,6 +180,21 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
     let config_metrics = metrics.config();
     config_metrics.loaded();
     let shutdown_timeout = Arc::new(AtomicU64::new(millis(cfg.shutdown_timeout)));
+    let auth: AuthSlot = Arc::new(std::sync::RwLock::new(web.security.basic_auth.clone()));
+    // Built before any probe file exists: axum's router panics on a route
+    // it cannot parse (the telemetry path is checked at start for that, see
+    // `cli::check_telemetry_path`), and a panic must not leave files.
+    let mut app = router(Arc::new(AppState {
+        metrics: metrics.clone(),
+        telemetry_path: web.telemetry_path.clone(),
+        volumes: volumes.clone(),
+        renders: Default::default(),
+    }));
+    // With a web configuration file the check is always in place, so a
+    // reload can add users to a file that had none.
+    if web.config_file.is_some() {
+        app = with_basic_auth(app, auth.clone());
+    }
     let mut sup = Supervisor::new(
         cfg,
         volumes.clone(),
@@ -151,8 +203,40 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         metrics.audit(),
         shutdown_timeout.clone(),
     );
-    sup.start().await?;
-    let auth: AuthSlot = Arc::new(std::sync::RwLock::new(web.security.basic_auth.clone()));
+    // One server per socket, all stopped by the same signal; should one
+    // fail, the others are stopped too. Listening for the signal starts
+    // before the first probe file is created.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let stopper = {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+                _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+            }
+            stop_tx.send_replace(true);
+        })
+    };
+    let started = {
+        let mut stop = stop_rx.clone();
+        tokio::select! {
+            r = sup.start() => r,
+            // Stopped while volumes were being added: the shutdown below
+            // removes what was created, and a volume still being added
+            // either is seen by it or sees the stop and creates nothing
+            // (`VolumeSet::add`).
+            _ = stop.wait_for(|s| *s) => Ok(()),
+        }
+    };
+    if let Err(e) = started {
+        stopper.abort();
+        // The volumes added before the one that failed have their files.
+        let timeout = Duration::from_millis(shutdown_timeout.load(Ordering::Relaxed));
+        let set = volumes.clone();
+        let _ = tokio::task::spawn_blocking(move || set.shutdown(timeout)).await;
+        return Err(e);
+    }
     let (tls_tx, tls_rx) = match &web.security.tls {
         Some(c) => {
             let (tx, rx) = watch::channel(c.clone());
@@ -183,28 +267,6 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         })
     };
 
-    let mut app = router(Arc::new(AppState {
-        metrics,
-        telemetry_path: web.telemetry_path.clone(),
-        volumes: volumes.clone(),
-        renders: Default::default(),
-    }));
-    // With a web configuration file the check is always in place, so a
-    // reload can add users to a file that had none.
-    if web.config_file.is_some() {
-        app = with_basic_auth(app, auth);
-    }
-    // One server per socket, all stopped by the same signal; should one
-    // fail, the others are stopped too.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_tx = Arc::new(stop_tx);
-    let stopper = {
-        let stop_tx = stop_tx.clone();
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            stop_tx.send_replace(true);
-        })
-    };
     let mut servers = tokio::task::JoinSet::new();
     for (listener, local) in bound {
         let app = app.clone();
@@ -251,31 +313,6 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         .await
         .context("shutdown task")?;
     served
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let term = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot install SIGTERM handler");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    let int = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot install SIGINT handler");
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        _ = term => tracing::info!(signal = "SIGTERM", "shutting down"),
-        _ = int => tracing::info!(signal = "SIGINT", "shutting down"),
-    }
 }
 
 /// Nice value of the async runtime's worker threads (HTTP, collectors,

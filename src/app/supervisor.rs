@@ -46,6 +46,50 @@ pub fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
 }
 
+/// The most a reload waits for one piece of blocking work: reading and
+/// checking both files, or starting or stopping one volume. Each takes
+/// milliseconds; only a file or volume on a disk or network filesystem
+/// that stopped answering takes longer, and a read stuck there cannot be
+/// interrupted (the thread waits in the kernel). So the reload stops
+/// waiting for it: the stuck thread is left to finish on its own and its
+/// result is dropped, and the next SIGHUP starts afresh instead of queueing
+/// behind it.
+pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Blocking work of a reload, on the blocking pool, waited for at most
+/// `limit`. `Err` says what happened: it panicked, or it is still running
+/// (and left to run).
+async fn blocking_within<T: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BlockingFailure> {
+    match tokio::time::timeout(limit, tokio::task::spawn_blocking(work)).await {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(BlockingFailure::Failed(e.to_string())),
+        Err(_) => Err(BlockingFailure::TimedOut(limit)),
+    }
+}
+
+#[derive(Debug)]
+enum BlockingFailure {
+    Failed(String),
+    TimedOut(Duration),
+}
+
+impl std::fmt::Display for BlockingFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlockingFailure::Failed(e) => f.write_str(e),
+            BlockingFailure::TimedOut(d) => write!(
+                f,
+                "did not finish within {}s (a disk or network filesystem that does not \
+                 answer?); left to finish in the background",
+                d.as_secs()
+            ),
+        }
+    }
+}
+
 /// Owns what the configuration started (probe threads through the
 /// [`VolumeSet`], one collector task per cluster, the limits task) and
 /// changes it on reload.
@@ -183,32 +227,55 @@ fn same_cluster(a: &ClusterConfig, b: &ClusterConfig) -> bool {
         && a.target.ssl_root_cert == b.target.ssl_root_cert
 }
 
-/// Loads `--web.config.file` again, if there is one. Refused, with the
-/// `pgstorage_config_reload_errors_total` cause: a file that does not load,
-/// and one that turns TLS on or off (the listener speaks TLS or plain HTTP
-/// from the start to the end of the process; switching needs a restart).
-async fn load_web(web: &WebHandles) -> Result<Option<WebSecurity>, (&'static str, String)> {
-    let Some(file) = web.file.clone() else {
-        return Ok(None);
-    };
-    let loaded = tokio::task::spawn_blocking(move || crate::http::web_config::load(&file)).await;
-    let sec = match loaded {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            let unreadable = e.chain().any(|c| c.is::<std::io::Error>());
-            let cause = if unreadable { "unreadable" } else { "invalid" };
-            return Err((cause, format!("{e:#}")));
+/// Loads the configuration file and `--web.config.file` (if any) again, on
+/// a blocking thread, waiting at most [`RELOAD_TIMEOUT`]. Refused, with the
+/// `pgstorage_config_reload_errors_total` cause: a file that does not load
+/// (`unreadable`, `syntax`, `invalid`), one that turns TLS on or off
+/// (`invalid`: the listener speaks TLS or plain HTTP from the start to the
+/// end of the process; switching needs a restart), and reading and checking
+/// that took too long (`timeout`).
+async fn load_files(
+    source: &ReloadSource,
+    web: &WebHandles,
+) -> Result<(Config, Option<WebSecurity>), (&'static str, String)> {
+    let source = source.clone();
+    let web_file = web.file.clone();
+    let loaded = blocking_within(RELOAD_TIMEOUT, move || {
+        let cfg = crate::config::load(source.file.as_deref(), &source.flags)
+            .map_err(|e| (e.cause(), e.to_string()))?;
+        if let Some(problem) = crate::config::engine_problem(&cfg) {
+            return Err(("invalid", problem));
         }
-        Err(e) => return Err(("invalid", e.to_string())),
+        let Some(file) = web_file else {
+            return Ok((cfg, None));
+        };
+        match crate::http::web_config::load(&file) {
+            Ok(sec) => Ok((cfg, Some(sec))),
+            Err(e) => {
+                let unreadable = e.chain().any(|c| c.is::<std::io::Error>());
+                let cause = if unreadable { "unreadable" } else { "invalid" };
+                Err((cause, format!("{e:#}")))
+            }
+        }
+    })
+    .await;
+    let (cfg, sec) = match loaded {
+        Ok(r) => r?,
+        Err(e @ BlockingFailure::TimedOut(_)) => {
+            return Err(("timeout", format!("reading and checking the files {e}")));
+        }
+        Err(e @ BlockingFailure::Failed(_)) => return Err(("invalid", e.to_string())),
     };
-    if sec.tls.is_some() != web.tls.is_some() {
+    if let Some(sec) = &sec
+        && sec.tls.is_some() != web.tls.is_some()
+    {
         let what = if web.tls.is_some() { "off" } else { "on" };
         return Err((
             "invalid",
             format!("the web configuration turns TLS {what}: that needs a restart"),
         ));
     }
-    Ok(Some(sec))
+    Ok((cfg, sec))
 }
 
 impl Supervisor {
@@ -376,41 +443,15 @@ impl Supervisor {
         web: &WebHandles,
         metrics: &ConfigMetrics,
     ) {
-        let loaded = {
-            let source = source.clone();
-            tokio::task::spawn_blocking(move || {
-                crate::config::load(source.file.as_deref(), &source.flags)
-            })
-            .await
-        };
-        let new = match loaded {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                metrics.refused(e.cause());
-                tracing::error!(error = %e, "configuration reload refused; the running configuration is kept");
-                return;
-            }
-            Err(e) => {
-                metrics.refused("invalid");
-                tracing::error!(error = %e, "configuration reload failed; the running configuration is kept");
-                return;
-            }
-        };
-        if let Some(problem) = crate::config::engine_problem(&new) {
-            metrics.refused("invalid");
-            tracing::error!(error = %problem, "configuration reload refused; the running configuration is kept");
-            return;
-        }
         // Both files load, or neither is applied.
-        let security = match load_web(web).await {
-            Ok(s) => s,
+        let (mut new, security) = match load_files(source, web).await {
+            Ok(loaded) => loaded,
             Err((cause, e)) => {
                 metrics.refused(cause);
-                tracing::error!(error = %e, "configuration reload refused; the running configuration is kept");
+                tracing::error!(error = %e, cause, "configuration reload refused; the running configuration is kept");
                 return;
             }
         };
-        let mut new = new;
         if new.window != self.cfg.window {
             // Every window, summary and mean is sized by it: changing it
             // means starting over, which a restart says more honestly.
@@ -468,7 +509,9 @@ impl Supervisor {
         for name in to_remove {
             let set = self.volumes.clone();
             let n = name.clone();
-            match tokio::task::spawn_blocking(move || set.remove(&n, timeout)).await {
+            // Waits up to `timeout` for the probe thread, then removes the
+            // files: bounded as a whole, as removing files can hang too.
+            match blocking_within(timeout + RELOAD_TIMEOUT, move || set.remove(&n, timeout)).await {
                 Ok(true) => tracing::info!(volume = %name, "volume stopped by the reload"),
                 Ok(false) => {}
                 Err(e) => tracing::error!(volume = %name, error = %e, "stopping the volume failed"),
@@ -479,7 +522,7 @@ impl Supervisor {
             if vols.added.contains(&v.name) || vols.changed.contains(&v.name) {
                 let set = self.volumes.clone();
                 let name = v.name.clone();
-                match tokio::task::spawn_blocking(move || set.add(v)).await {
+                match blocking_within(RELOAD_TIMEOUT, move || set.add(v)).await {
                     Ok(Ok(_)) => {}
                     Ok(Err(e)) => {
                         tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")
@@ -505,7 +548,7 @@ impl Supervisor {
                     // Not running (it failed to start on an earlier
                     // reload): start it, as any changed volume would be.
                     let (set, spec, name) = (self.volumes.clone(), v.clone(), v.name.clone());
-                    match tokio::task::spawn_blocking(move || set.add(spec)).await {
+                    match blocking_within(RELOAD_TIMEOUT, move || set.add(spec)).await {
                         Ok(Ok(_)) => {}
                         Ok(Err(e)) => {
                             tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")

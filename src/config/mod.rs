@@ -228,10 +228,12 @@ pub struct FlagOverrides {
 pub fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Config, ConfigError> {
     let raw = match file {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                file: path.to_path_buf(),
-                source,
-            })?;
+            let text = crate::input::read_to_string(path, crate::input::Kind::Config).map_err(
+                |source| ConfigError::Read {
+                    file: path.to_path_buf(),
+                    source,
+                },
+            )?;
             Some((path.to_path_buf(), text))
         }
         None => None,

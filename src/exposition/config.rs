@@ -31,7 +31,7 @@ pub struct ConfigMetrics {
 
 /// Causes of a refused reload, created at start so `increase()` sees the
 /// first failure.
-pub const CAUSES: [&str; 3] = ["unreadable", "syntax", "invalid"];
+pub const CAUSES: [&str; 4] = ["unreadable", "syntax", "invalid", "timeout"];
 
 impl ConfigMetrics {
     pub fn register(registry: &mut Registry) -> ConfigMetrics {
@@ -50,7 +50,8 @@ impl ConfigMetrics {
             "pgstorage_config_reload_errors",
             "Refused configuration reloads by cause: unreadable (the file cannot be read), syntax \
              (not TOML, an unknown or missing key), invalid (a value of the wrong type, not \
-             accepted or out of range, or a filesystem fact); the running configuration is kept",
+             accepted or out of range, or a filesystem fact), timeout (reading and checking the files \
+             did not finish in time); the running configuration is kept",
             m.errors.clone(),
         );
         registry.register(

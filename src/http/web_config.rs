@@ -491,7 +491,8 @@ pub fn load(path: &Path) -> anyhow::Result<WebSecurity> {
 }
 
 fn load_inner(path: &Path) -> anyhow::Result<WebSecurity> {
-    let text = std::fs::read_to_string(path).context("cannot read")?;
+    let text =
+        crate::input::read_to_string(path, crate::input::Kind::WebConfig).context("cannot read")?;
     let file = parse_file(&read_yaml(&text)?)?;
     // Paths in the file are relative to the file, as in exporter-toolkit, so
     // the file and its certificate can move together.
@@ -594,7 +595,8 @@ fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
     let what = || format!("tls_server_config.cert_file {}", path.display());
     // Read first so that a missing or unreadable file gets the plain OS error
     // (which names no content).
-    let pem = std::fs::read(path).with_context(|| format!("{}: cannot read", what()))?;
+    let pem = crate::input::read(path, crate::input::Kind::Certificate)
+        .with_context(|| format!("{}: cannot read", what()))?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
@@ -612,7 +614,8 @@ fn read_certs(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
 
 fn read_key(path: &Path) -> anyhow::Result<PrivateKeyDer<'static>> {
     let what = || format!("tls_server_config.key_file {}", path.display());
-    let pem = std::fs::read(path).with_context(|| format!("{}: cannot read", what()))?;
+    let pem = crate::input::read(path, crate::input::Kind::PrivateKey)
+        .with_context(|| format!("{}: cannot read", what()))?;
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         anyhow!(
             "{}: no usable PEM private key (PKCS#8, PKCS#1 or SEC1) in it ({})",

@@ -81,7 +81,11 @@ pub fn plan(
     data_directory: &Path,
     tablespaces: &[(String, String)],
 ) -> Result<Vec<Planned>, String> {
-    let version = std::fs::read_to_string(data_directory.join("PG_VERSION")).map_err(|e| {
+    let version = crate::input::read_to_string(
+        &data_directory.join("PG_VERSION"),
+        crate::input::Kind::PgVersion,
+    )
+    .map_err(|e| {
         format!(
             "{}/PG_VERSION: {e}: the cluster's files are not on this host or not readable by the exporter",
             data_directory.display()

@@ -628,9 +628,11 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
     if password.is_none()
         && let Some(pf) = password_file
     {
-        let text = std::fs::read_to_string(pf).map_err(|e| DsnError::PasswordFile {
-            path: pf.to_path_buf(),
-            why: e.to_string(),
+        let text = crate::input::read_to_string(pf, crate::input::Kind::Password).map_err(|e| {
+            DsnError::PasswordFile {
+                path: pf.to_path_buf(),
+                why: e.to_string(),
+            }
         })?;
         password = Some(text.trim_end_matches(['\n', '\r']).to_string());
     }
@@ -756,7 +758,16 @@ fn pgpass_text(path: &Path) -> Option<String> {
         );
         return None;
     }
-    std::fs::read_to_string(path).ok()
+    match crate::input::read_to_string(path, crate::input::Kind::Passfile) {
+        Ok(t) => Some(t),
+        // libpq warns about a passfile that is not a plain file and goes
+        // on without it; so does a missing or unreadable one here, silently.
+        Err(e) if e.get_ref().is_some_and(|r| r.is::<crate::input::Refused>()) => {
+            tracing::warn!(file = %path.display(), error = %e, "ignoring the password file");
+            None
+        }
+        Err(_) => None,
+    }
 }
 
 /// The passfile's password for the hosts of a DSN. libpq looks one up for

@@ -227,9 +227,12 @@ fn roots(path: Option<&PathBuf>, required: bool) -> Result<Option<RootCertStore>
             Ok(None)
         };
     }
-    let certs = CertificateDer::pem_file_iter(&file)
-        .map_err(|e| ConnectError::Tls(format!("{}: {e}", file.display())))?;
-    for c in certs {
+    // Read through the bounded reader: this runs on an async worker at
+    // each connection attempt, where a FIFO named by mistake must not
+    // block it.
+    let pem = crate::input::read(&file, crate::input::Kind::CaCertificates)
+        .map_err(|e| ConnectError::Tls(format!("{} (sslrootcert): {e}", file.display())))?;
+    for c in CertificateDer::pem_slice_iter(&pem) {
         let c = c.map_err(|e| ConnectError::Tls(format!("{}: {e}", file.display())))?;
         store
             .add(c)

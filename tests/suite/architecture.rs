@@ -17,16 +17,21 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("families", &[]),
     ("sys", &[]),
     ("events", &[]),
+    ("input", &[]),
     ("audit", &[]),
     ("model", &["types", "units"]),
     ("probe", &["model", "types", "units", "events", "sys"]),
     (
         "postgres",
-        &["model", "types", "units", "events", "families", "sys"],
+        &[
+            "model", "types", "units", "events", "families", "sys", "input",
+        ],
     ),
     (
         "limits",
-        &["model", "types", "units", "events", "families", "sys"],
+        &[
+            "model", "types", "units", "events", "families", "sys", "input",
+        ],
     ),
     (
         "exposition",
@@ -45,12 +50,13 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "probe",
             "postgres",
             "limits",
+            "input",
         ],
     ),
     (
         "config",
         &[
-            "model", "types", "units", "probe", "postgres", "limits", "audit",
+            "model", "types", "units", "probe", "postgres", "limits", "audit", "input",
         ],
     ),
     (

@@ -34,6 +34,7 @@ mod postgres_faults;
 mod reload;
 mod rules;
 mod scrape_storm;
+mod startup;
 mod status_page;
 mod sweep_caps;
 mod web_config;

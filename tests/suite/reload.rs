@@ -11,6 +11,7 @@ use crate::common;
 use std::path::Path;
 use std::time::Duration;
 
+use common::loopdev;
 use common::pg::{self, PgKind};
 use common::stack::Stack;
 use common::*;
@@ -473,4 +474,214 @@ fn sighup_rereads_a_changed_password_file() {
     }
     ex.signal(libc::SIGTERM);
     assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+}
+
+/// A `[[volume]]` plus a `[[cluster]]` whose password comes from
+/// `password_file`; the cluster is never reached (no server listens at
+/// that socket directory): only the file's reading matters here.
+fn with_password_file(vol: &Path, password_file: &Path) -> String {
+    volume("v", vol, "100ms")
+        + &format!(
+            "[[cluster]]\nname = \"main\"\ndsn = \"host=/nonexistent user=u dbname=d\"\n\
+             password_file = \"{}\"\ndiscover_volumes = false\n",
+            password_file.display()
+        )
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap()
+}
+
+/// SIGHUP with a `password_file` that is /dev/zero, then a FIFO, then
+/// with the configuration file itself replaced by a symlink to /dev/zero:
+/// each reload is refused at once, counted and logged with the key, the
+/// path and what the file is, memory stays small, and the next SIGHUP with
+/// good files applies. The exporter used to read /dev/zero into memory
+/// until it ran out, and to wait for ever on the FIFO, which left every
+/// later reload queued behind it without a log line or a metric.
+#[test]
+fn device_and_fifo_files_are_refused_on_reload_and_the_next_good_one_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("v");
+    std::fs::create_dir(&vol).unwrap();
+    let (pw, pw2, fifo) = (
+        dir.path().join("pw"),
+        dir.path().join("pw2"),
+        dir.path().join("fifo"),
+    );
+    std::fs::write(&pw, "first-Pa55word\n").unwrap();
+    std::fs::write(&pw2, "second-Pa55word\n").unwrap();
+    let out = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, with_password_file(&vol, &pw)).unwrap();
+    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("volume v probing", WAIT, |m| count(m, "v", "commit") >= 1.0);
+    let pid = ex.child.id();
+
+    let refused = |ex: &Exporter, cause: &str, n: f64, needle: &str| {
+        let t0 = std::time::Instant::now();
+        ex.signal(libc::SIGHUP);
+        let m = ex.wait_for(&format!("refused reload {n} ({cause})"), WAIT, |m| {
+            reload_errors(m, cause) == n
+        });
+        let took = t0.elapsed();
+        assert_eq!(last_ok(&m), 0.0);
+        let log = ex.wait_log(needle, WAIT);
+        assert!(
+            log.lines()
+                .any(|l| l.contains("configuration reload refused")
+                    && l.contains(needle)
+                    && l.contains(&format!("cause={cause}"))),
+            "{log}"
+        );
+        let rss = rss_kib(pid);
+        assert!(rss < 200 << 10, "RSS {rss} KiB after: {needle}");
+        println!("{needle}: refused and counted after {took:?}, RSS {rss} KiB");
+    };
+
+    std::fs::write(&cfg, with_password_file(&vol, Path::new("/dev/zero"))).unwrap();
+    refused(
+        &ex,
+        "invalid",
+        1.0,
+        "cluster[0].password_file: password file /dev/zero: is a character device, not a \
+         regular file",
+    );
+    std::fs::write(&cfg, with_password_file(&vol, &fifo)).unwrap();
+    refused(
+        &ex,
+        "invalid",
+        2.0,
+        &format!(
+            "cluster[0].password_file: password file {}: is a FIFO (named pipe), not a \
+             regular file",
+            fifo.display()
+        ),
+    );
+    std::fs::remove_file(&cfg).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &cfg).unwrap();
+    refused(
+        &ex,
+        "unreadable",
+        1.0,
+        &format!(
+            "cannot read config file {}: is a character device, not a regular file",
+            cfg.display()
+        ),
+    );
+
+    // Good files again, with another password: applied, the cluster
+    // reconnects with it, the volume probed throughout.
+    std::fs::remove_file(&cfg).unwrap();
+    std::fs::write(&cfg, with_password_file(&vol, &pw2)).unwrap();
+    let before = count(&ex.metrics(), "v", "commit");
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("the good reload applied", WAIT, |m| {
+        reload_counter(m, "success") == 1.0
+    });
+    assert_eq!(last_ok(&m), 1.0);
+    assert_eq!(reload_counter(&m, "failure"), 3.0);
+    let log = ex.wait_log("clusters_changed=", WAIT);
+    assert!(log.contains("clusters_changed=\"[\\\"main\\\"]\""), "{log}");
+    assert!(!log.contains("Pa55word"), "a password in the log:\n{log}");
+    ex.wait_for("probing throughout", WAIT, |m| {
+        count(m, "v", "commit") > before
+    });
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+    assert!(dir_entries(&vol).is_empty(), "{:?}", dir_entries(&vol));
+}
+
+/// Drops the page cache of a file's data (written back first), so that the
+/// next read goes to the disk.
+fn evict(p: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(p).unwrap();
+    f.sync_all().unwrap();
+    // SAFETY: posix_fadvise on a descriptor we hold; it only drops clean
+    // cached pages of that file.
+    let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(r, 0);
+}
+
+/// A reload that cannot finish: the `password_file` lies on a disk that
+/// stopped answering (a loop device whose reads the exporter's blkio group
+/// may do at 1 byte/s, the file's pages evicted), so reading it waits in
+/// the kernel, where nothing can interrupt it. The reload stops waiting
+/// after `RELOAD_TIMEOUT` (10 s): refused, counted as `timeout`, logged;
+/// and the next SIGHUP, with the password file moved to a healthy disk,
+/// applies while the first read is still stuck. The exporter used to wait
+/// for that read for ever, and every later SIGHUP with it.
+#[test]
+fn a_reload_stuck_on_a_disk_that_stopped_answering_times_out_and_the_next_applies() {
+    if !loopdev::can_run("the stuck-reload test", true) {
+        return;
+    }
+    let mut disk = loopdev::LoopVolume::new(64 << 20, false);
+    let group = disk.group("pgse-stuck-reload", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let vol = dir.path().join("v");
+    std::fs::create_dir(&vol).unwrap();
+    let (stuck_pw, good_pw) = (disk.mnt.join("pw"), dir.path().join("pw"));
+    std::fs::write(&stuck_pw, "first-Pa55word\n").unwrap();
+    std::fs::write(&good_pw, "second-Pa55word\n").unwrap();
+    let cfg = dir.path().join("c.toml");
+    std::fs::write(&cfg, with_password_file(&vol, &stuck_pw)).unwrap();
+    let mut ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("volume v probing", WAIT, |m| count(m, "v", "commit") >= 1.0);
+
+    std::fs::write(group.join("cgroup.procs"), ex.child.id().to_string()).unwrap();
+    let mut fault = disk.fault(&group);
+    fault.throttle("read_bps_device", 1);
+    evict(&stuck_pw);
+    let t0 = std::time::Instant::now();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("the reload timed out", Duration::from_secs(60), |m| {
+        reload_errors(m, "timeout") == 1.0
+    });
+    let took = t0.elapsed();
+    assert_eq!(last_ok(&m), 0.0);
+    assert_eq!(reload_counter(&m, "failure"), 1.0);
+    assert!(
+        took >= Duration::from_secs(10),
+        "timed out after {took:?}, before the 10 s limit: was the file read at all?"
+    );
+    let log = ex.wait_log("cause=timeout", WAIT);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("configuration reload refused")
+                && l.contains("reading and checking the files did not finish within 10s")),
+        "{log}"
+    );
+
+    // The stuck read goes on; the next reload does not wait for it.
+    std::fs::write(&cfg, with_password_file(&vol, &good_pw)).unwrap();
+    let t1 = std::time::Instant::now();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("the next reload applied", WAIT, |m| {
+        reload_counter(m, "success") == 1.0
+    });
+    assert_eq!(last_ok(&m), 1.0);
+    println!(
+        "stuck reload refused as timeout after {took:?}; the next one applied after {:?}",
+        t1.elapsed()
+    );
+    let log = ex.wait_log("clusters_changed=", WAIT);
+    assert!(log.contains("clusters_changed=\"[\\\"main\\\"]\""), "{log}");
+
+    // Lift the throttle so the stuck read ends and the process can exit.
+    fault.stop();
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+    assert!(dir_entries(&vol).is_empty(), "{:?}", dir_entries(&vol));
 }

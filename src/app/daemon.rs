@@ -17,7 +17,7 @@ use crate::exposition::Metrics;
 use crate::http::auth::AuthSlot;
 use crate::http::tls::TlsListener;
 use crate::http::web_config::WebSecurity;
-use crate::http::{AppState, router, with_basic_auth};
+use crate::http::{AppState, ClientAddr, router, with_basic_auth};
 
 /// Where HTTP is served.
 #[derive(Debug)]
@@ -183,6 +183,7 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         })
     };
 
+    let auth_metrics = metrics.auth();
     let mut app = router(Arc::new(AppState {
         metrics,
         telemetry_path: web.telemetry_path.clone(),
@@ -192,7 +193,11 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
     // With a web configuration file the check is always in place, so a
     // reload can add users to a file that had none.
     if web.config_file.is_some() {
-        app = with_basic_auth(app, auth);
+        let guard = crate::http::auth::Guard {
+            users: auth,
+            gate: Arc::new(crate::http::auth::Gate::new(auth_metrics)),
+        };
+        app = with_basic_auth(app, guard);
     }
     // One server per socket, all stopped by the same signal; should one
     // fail, the others are stopped too.
@@ -216,12 +221,19 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
             // With TLS configured the port speaks only TLS: no plain-HTTP
             // fallback that a misconfigured scraper could silently use.
             Some(tls) => {
-                let server = axum::serve(TlsListener::new(listener, local, tls.clone()), app)
-                    .with_graceful_shutdown(stopped);
+                let server = axum::serve(
+                    TlsListener::new(listener, local, tls.clone()),
+                    app.into_make_service_with_connect_info::<ClientAddr>(),
+                )
+                .with_graceful_shutdown(stopped);
                 servers.spawn(async move { server.await });
             }
             None => {
-                let server = axum::serve(listener, app).with_graceful_shutdown(stopped);
+                let server = axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<ClientAddr>(),
+                )
+                .with_graceful_shutdown(stopped);
                 servers.spawn(async move { server.await });
             }
         }

@@ -21,6 +21,7 @@ pub mod derived;
 pub mod ebs;
 pub mod health;
 pub mod histogram;
+pub mod http_auth;
 pub mod limits;
 pub mod probe;
 pub mod process;
@@ -53,6 +54,7 @@ pub struct Metrics {
     audit: Arc<crate::audit::AuditState>,
     config: config::ConfigMetrics,
     render: render::RenderMetrics,
+    auth: http_auth::AuthMetrics,
     /// Which probe ops are exposed: `probes.split` adds write and sync.
     ops: &'static [Op],
     /// The previous body's length: the next one is about as long, and
@@ -79,6 +81,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let config = config::ConfigMetrics::register(&mut registry);
         let render = render::RenderMetrics::register(&mut registry);
+        let auth = http_auth::AuthMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
         registry.register_collector(Box::new(process::ProcessCollector::new()));
         Metrics {
@@ -89,6 +92,7 @@ impl Metrics {
             audit: Default::default(),
             config,
             render,
+            auth,
             ops: exposed_ops(collectors),
             last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
         }
@@ -101,6 +105,11 @@ impl Metrics {
 
     pub fn config(&self) -> config::ConfigMetrics {
         self.config.clone()
+    }
+
+    /// The basic-auth counters, which `http::auth` updates.
+    pub fn auth(&self) -> http_auth::AuthMetrics {
+        self.auth.clone()
     }
 
     /// Takes the one snapshot a scrape encodes.

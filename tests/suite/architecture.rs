@@ -38,6 +38,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "http",
         &[
             "exposition",
+            "events",
             "families",
             "model",
             "types",

@@ -2,16 +2,6 @@
 //! it: every path is protected, a failure is a 401 with
 //! `WWW-Authenticate: Basic`.
 //!
-//! bcrypt is slow on purpose (tens of milliseconds at the usual cost), and
-//! Prometheus sends the same credentials on every scrape, so successful
-//! checks are cached. The cache key is an HMAC, under a key drawn at start
-//! and never stored, of user, hash and password: a memory dump shows neither
-//! the password nor anything an attacker can test guesses against offline.
-
-//! HTTP basic authentication against bcrypt hashes, as exporter-toolkit does
-//! it: every path is protected, a failure is a 401 with
-//! `WWW-Authenticate: Basic`.
-//!
 //! # The cache
 //!
 //! Prometheus sends the same credentials on every scrape, so successful
@@ -38,10 +28,11 @@
 //!   and at its next success; at most 1,024 addresses are remembered, the
 //!   one whose last failure is the oldest is forgotten first.
 //! - Addresses with failures get at most one of the two slots; the other is
-//!   kept for addresses without failures. A scraper with the right password
-//!   therefore never waits behind a flood from another address: it waits
-//!   only for checks from addresses without failures, then for its own
-//!   hash (about 0.25 s at cost 12 while the flood keeps the other core).
+//!   kept for addresses without failures. Once a flood's first check has
+//!   failed, a scraper with the right password at another address no
+//!   longer waits behind it: it waits only for checks from addresses
+//!   without failures, then for its own hash (about 0.25 s at cost 12
+//!   while the flood keeps the other core).
 //! - Waiting is bounded: 4 checks per address, 16 in all. Beyond that the
 //!   request is answered at once without a hash: 429 when its own address
 //!   already has 4 waiting, 503 when the queue is full of checks that rank
@@ -61,7 +52,8 @@
 //!   is spent either way, and the slot count stays true.
 //!
 //! What this cannot do, and what the port then is: a trust boundary where
-//! anyone who reaches it can spend one core on hashes. A flood from
+//! anyone who reaches it can keep a core busy with hashes (both, from
+//! addresses that have not failed yet). A flood from
 //! Prometheus's own address (or its IPv6 /64, or the same NAT or proxy)
 //! shares its rank and its 4 places: Prometheus's uncached checks wait
 //! among the flood's or get 429 until the flood stops (its cached scrapes
@@ -233,6 +225,7 @@ impl BasicAuth {
         };
         let key = self.cache_key(&user, &hash, &password);
         if known && self.cache_contains(&key) {
+            gate.tick();
             return Verdict::Pass;
         }
         let slot = match gate.enter(client).await {

@@ -84,12 +84,16 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
     let volumes = crate::probe::set::VolumeSet::new(cfg.window, roots);
     let clusters = Arc::new(crate::postgres::ClusterSet::default());
     let limits = Arc::new(crate::limits::LimitsState::default());
-    let metrics = Arc::new(Metrics::new(
+    let mut metrics = Metrics::new(
         volumes.clone(),
         clusters.clone(),
         limits.clone(),
         cfg.collectors,
-    ));
+    );
+    // With a web configuration file basic auth can be in force (a reload
+    // can add users to a file that had none); without one it never is.
+    let auth_metrics = web.config_file.is_some().then(|| metrics.register_auth());
+    let metrics = Arc::new(metrics);
 
     // Every socket is bound (or taken over) before anything starts, so a
     // port in use stops the start with nothing to clean up.
@@ -183,7 +187,6 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
         })
     };
 
-    let auth_metrics = metrics.auth();
     let mut app = router(Arc::new(AppState {
         metrics,
         telemetry_path: web.telemetry_path.clone(),
@@ -192,7 +195,7 @@ pub async fn run(cfg: Config, web: WebOptions, source: ReloadSource) -> anyhow::
     }));
     // With a web configuration file the check is always in place, so a
     // reload can add users to a file that had none.
-    if web.config_file.is_some() {
+    if let Some(auth_metrics) = auth_metrics {
         let guard = crate::http::auth::Guard {
             users: auth,
             gate: Arc::new(crate::http::auth::Gate::new(auth_metrics)),

@@ -1,8 +1,8 @@
 //! Basic-auth password checks (`http::auth`): how many bcrypt checks ran,
-//! how many run or wait now, and how many requests got none because the wait queue was
-//! full or the client hung up. Registered always; the series exist only once a web
-//! configuration is in use ([`AuthMetrics::init`]), so an exporter without
-//! `--web.config.file` serves none.
+//! how many run or wait now, and how many requests got none because the
+//! wait queue was full or the client hung up. Registered only with
+//! `--web.config.file` (`Metrics::register_auth`): an exporter without one
+//! serves none of these families.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;

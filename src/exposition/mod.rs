@@ -54,7 +54,6 @@ pub struct Metrics {
     audit: Arc<crate::audit::AuditState>,
     config: config::ConfigMetrics,
     render: render::RenderMetrics,
-    auth: http_auth::AuthMetrics,
     /// Which probe ops are exposed: `probes.split` adds write and sync.
     ops: &'static [Op],
     /// The previous body's length: the next one is about as long, and
@@ -81,7 +80,6 @@ impl Metrics {
         let mut registry = Registry::default();
         let config = config::ConfigMetrics::register(&mut registry);
         let render = render::RenderMetrics::register(&mut registry);
-        let auth = http_auth::AuthMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
         registry.register_collector(Box::new(process::ProcessCollector::new()));
         Metrics {
@@ -92,7 +90,6 @@ impl Metrics {
             audit: Default::default(),
             config,
             render,
-            auth,
             ops: exposed_ops(collectors),
             last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
         }
@@ -107,9 +104,11 @@ impl Metrics {
         self.config.clone()
     }
 
-    /// The basic-auth counters, which `http::auth` updates.
-    pub fn auth(&self) -> http_auth::AuthMetrics {
-        self.auth.clone()
+    /// Registers the password-check families, which `http::auth` updates.
+    /// Called only with a web configuration file: an exporter that can
+    /// have no basic auth serves none of them.
+    pub fn register_auth(&mut self) -> http_auth::AuthMetrics {
+        http_auth::AuthMetrics::register(&mut self.registry)
     }
 
     /// Takes the one snapshot a scrape encodes.

@@ -465,6 +465,59 @@ mod tests {
         assert_eq!(usual_cost([]), None);
     }
 
+    /// A request dropped after its check got a slot but before its hash
+    /// began (all blocking threads busy): the hash never runs and the slot
+    /// comes back.
+    #[test]
+    fn a_check_dropped_before_its_hash_begins_is_skipped() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .max_blocking_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut registry = prometheus_client::registry::Registry::default();
+            let g = Arc::new(Gate::new(
+                crate::exposition::http_auth::AuthMetrics::register(&mut registry),
+            ));
+            let series = |name: &str| {
+                let mut text = String::new();
+                prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+                    .unwrap()
+            };
+            let a = auth();
+            // The one blocking thread is busy until told otherwise.
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            let blocker = tokio::task::spawn_blocking(move || rx.recv().ok());
+            let h = header("alice", "wrong");
+            let check = a.check(&g, ClientKey::unknown(), Some(&h));
+            let timed_out = tokio::time::timeout(std::time::Duration::from_millis(50), check);
+            assert!(timed_out.await.is_err(), "the check cannot have run");
+            tx.send(()).unwrap();
+            blocker.await.unwrap();
+            for _ in 0..1000 {
+                if series("pgstorage_http_auth_skipped_total{reason=\"client_gone\"}") == 1.0 {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            assert_eq!(
+                series("pgstorage_http_auth_skipped_total{reason=\"client_gone\"}"),
+                1.0
+            );
+            assert_eq!(
+                series("pgstorage_http_auth_checks_total{result=\"failure\"}"),
+                0.0
+            );
+            assert_eq!(
+                series("pgstorage_http_auth_checks_in_flight{state=\"running\"}"),
+                0.0
+            );
+        });
+    }
+
     #[test]
     fn debug_prints_no_hash() {
         let a = auth();

@@ -18,7 +18,7 @@ use crate::exposition::Metrics;
 use crate::http::auth::AuthSlot;
 use crate::http::tls::TlsListener;
 use crate::http::web_config::WebSecurity;
-use crate::http::{AppState, router, with_basic_auth};
+use crate::http::{AppState, ClientAddr, router, with_basic_auth};
 
 /// Where HTTP is served.
 #[derive(Debug)]
@@ -121,12 +121,16 @@ pub async fn run(
     let volumes = crate::probe::set::VolumeSet::new(cfg.window, roots);
     let clusters = Arc::new(crate::postgres::ClusterSet::default());
     let limits = Arc::new(crate::limits::LimitsState::default());
-    let metrics = Arc::new(Metrics::new(
+    let mut metrics = Metrics::new(
         volumes.clone(),
         clusters.clone(),
         limits.clone(),
         cfg.collectors,
-    ));
+    );
+    // With a web configuration file basic auth can be in force (a reload
+    // can add users to a file that had none); without one it never is.
+    let auth_metrics = web.config_file.is_some().then(|| metrics.register_auth());
+    let metrics = Arc::new(metrics);
 
     // Every socket is bound (or taken over) before anything starts, so a
     // port in use stops the start with nothing to clean up.
@@ -192,8 +196,12 @@ pub async fn run(
     }));
     // With a web configuration file the check is always in place, so a
     // reload can add users to a file that had none.
-    if web.config_file.is_some() {
-        app = with_basic_auth(app, auth.clone());
+    if let Some(auth_metrics) = auth_metrics {
+        let guard = crate::http::auth::Guard {
+            users: auth.clone(),
+            gate: Arc::new(crate::http::auth::Gate::new(auth_metrics)),
+        };
+        app = with_basic_auth(app, guard);
     }
     let mut sup = Supervisor::new(
         cfg,
@@ -278,12 +286,19 @@ pub async fn run(
             // With TLS configured the port speaks only TLS: no plain-HTTP
             // fallback that a misconfigured scraper could silently use.
             Some(tls) => {
-                let server = axum::serve(TlsListener::new(listener, local, tls.clone()), app)
-                    .with_graceful_shutdown(stopped);
+                let server = axum::serve(
+                    TlsListener::new(listener, local, tls.clone()),
+                    app.into_make_service_with_connect_info::<ClientAddr>(),
+                )
+                .with_graceful_shutdown(stopped);
                 servers.spawn(async move { server.await });
             }
             None => {
-                let server = axum::serve(listener, app).with_graceful_shutdown(stopped);
+                let server = axum::serve(
+                    listener,
+                    app.into_make_service_with_connect_info::<ClientAddr>(),
+                )
+                .with_graceful_shutdown(stopped);
                 servers.spawn(async move { server.await });
             }
         }

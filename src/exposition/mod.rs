@@ -21,6 +21,7 @@ pub mod derived;
 pub mod ebs;
 pub mod health;
 pub mod histogram;
+pub mod http_auth;
 pub mod limits;
 pub mod probe;
 pub mod process;
@@ -101,6 +102,13 @@ impl Metrics {
 
     pub fn config(&self) -> config::ConfigMetrics {
         self.config.clone()
+    }
+
+    /// Registers the password-check families, which `http::auth` updates.
+    /// Called only with a web configuration file: an exporter that can
+    /// have no basic auth serves none of them.
+    pub fn register_auth(&mut self) -> http_auth::AuthMetrics {
+        http_auth::AuthMetrics::register(&mut self.registry)
     }
 
     /// Takes the one snapshot a scrape encodes.

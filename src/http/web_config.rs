@@ -16,7 +16,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 
-use crate::http::auth::BasicAuth;
+use crate::http::auth::{self, BasicAuth};
 
 /// The file once checked: only the keys this exporter implements, as plain
 /// values. Built by hand from a [`Node`] tree rather than derived with serde,
@@ -421,6 +421,18 @@ fn parse_users(node: &Node) -> anyhow::Result<BTreeMap<String, String>> {
         };
         check_bcrypt(hash)
             .map_err(|why| anyhow!("basic_auth_users.{user}: not a bcrypt hash ({why})"))?;
+        let cost = auth::cost(hash);
+        if cost > auth::MAX_COST {
+            bail!(
+                "basic_auth_users.{user}: bcrypt cost {cost} is above {}, the highest accepted: \
+                 each step doubles a check's time (about 1 s of a core at {}), and every first \
+                 scrape and every wrong password pays it; make the hash again with \
+                 `htpasswd -nBC {} {user}`",
+                auth::MAX_COST,
+                auth::MAX_COST,
+                auth::USUAL_COST
+            );
+        }
         hashes.insert(user, hash.clone());
     }
     Ok(hashes)
@@ -508,6 +520,9 @@ fn load_inner(path: &Path) -> anyhow::Result<WebSecurity> {
         // exporter-toolkit treats an empty user list as "no authentication".
         None
     } else {
+        for w in cost_warnings(&file.basic_auth_users) {
+            tracing::warn!(file = %path.display(), "{w}");
+        }
         Some(Arc::new(
             BasicAuth::new(file.basic_auth_users).context("basic_auth_users")?,
         ))
@@ -517,6 +532,45 @@ fn load_inner(path: &Path) -> anyhow::Result<WebSecurity> {
         tls_min_version,
         basic_auth,
     })
+}
+
+/// What to warn of in the users' bcrypt costs, all accepted: a cost above
+/// exporter-toolkit's default, and costs that differ between users (the
+/// time of a 401 then tells those users apart, and from unknown names,
+/// which are checked at the cost most users have). Names users, never
+/// hashes.
+fn cost_warnings(users: &BTreeMap<String, String>) -> Vec<String> {
+    let mut by_cost: BTreeMap<u32, Vec<&str>> = BTreeMap::new();
+    for (user, hash) in users {
+        by_cost.entry(auth::cost(hash)).or_default().push(user);
+    }
+    let list = |costs: &mut dyn Iterator<Item = (&u32, &Vec<&str>)>| {
+        costs
+            .map(|(c, u)| format!("cost {c}: {}", u.join(", ")))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let mut out = Vec::new();
+    let mut high = by_cost.range(auth::USUAL_COST + 1..).peekable();
+    if high.peek().is_some() {
+        out.push(format!(
+            "basic_auth_users: bcrypt cost above {} (exporter-toolkit's default) for {}: each \
+             step doubles a check's time (about 250 ms of a core at 12), paid by every first \
+             scrape after a start or reload and by every wrong password",
+            auth::USUAL_COST,
+            list(&mut high)
+        ));
+    }
+    if by_cost.len() > 1 {
+        let stand_in = auth::usual_cost(users.values().map(|h| auth::cost(h))).unwrap_or(0);
+        out.push(format!(
+            "basic_auth_users: the users' bcrypt costs differ ({}): the time of a wrong answer \
+             tells users of one cost from users of another, and from unknown names (checked at \
+             cost {stand_in}); make every hash with the same cost",
+            list(&mut by_cost.iter())
+        ));
+    }
+    out
 }
 
 /// Parses the YAML into a [`Node`] tree without ever showing a value.
@@ -870,6 +924,67 @@ mod tests {
         assert!(read_key(&d.path().join("k.pem")).is_err());
         let e = format!("{:#}", read_key(&d.path().join("k.pem")).unwrap_err());
         assert!(!e.contains("Hunter2Secret"), "{e}");
+    }
+
+    /// A hash of cost `c` made from a cost-4 one: loading reads the cost
+    /// field only, and cost 31 would take days to make for real.
+    fn hash_of_cost(c: u32) -> String {
+        bcrypt::hash("pw", 4)
+            .unwrap()
+            .replacen("$04$", &format!("${c:02}$"), 1)
+    }
+
+    #[test]
+    fn a_cost_above_the_ceiling_is_refused_naming_the_user() {
+        for c in [auth::MAX_COST + 1, 31] {
+            let h = hash_of_cost(c);
+            let e = err(&format!(
+                "basic_auth_users:\n  alice: {}\n  bob: {h}\n",
+                hash_of_cost(10)
+            ));
+            assert!(
+                e.contains(&format!(
+                    "basic_auth_users.bob: bcrypt cost {c} is above {}",
+                    auth::MAX_COST
+                )),
+                "{e}"
+            );
+            assert!(!e.contains(&h) && !e.contains(&h[7..]), "{e}");
+        }
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            &format!("basic_auth_users:\n  a: {}\n", hash_of_cost(auth::MAX_COST)),
+        );
+        assert!(load(&p).unwrap().basic_auth.is_some());
+    }
+
+    #[test]
+    fn high_and_differing_costs_are_warned_of_by_user() {
+        let users = |list: &[(&str, u32)]| {
+            list.iter()
+                .map(|&(u, c)| (u.to_string(), hash_of_cost(c)))
+                .collect::<BTreeMap<_, _>>()
+        };
+        assert!(cost_warnings(&users(&[("a", 10), ("b", 10)])).is_empty());
+        assert!(cost_warnings(&users(&[("a", 4)])).is_empty());
+        let w = cost_warnings(&users(&[("alice", 12)]));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("cost above 10"), "{w:?}");
+        assert!(w[0].contains("cost 12: alice"), "{w:?}");
+        let mixed = users(&[("alice", 12), ("bob", 10), ("carol", 12)]);
+        let w = cost_warnings(&mixed);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("cost 12: alice, carol"), "{w:?}");
+        assert!(!w[0].contains("bob"), "{w:?}");
+        assert!(
+            w[1].contains("costs differ (cost 10: bob; cost 12: alice, carol)"),
+            "{w:?}"
+        );
+        assert!(w[1].contains("unknown names (checked at cost 12)"), "{w:?}");
+        for h in mixed.values() {
+            assert!(w.iter().all(|w| !w.contains(&h[7..])), "{w:?}");
+        }
     }
 
     #[test]

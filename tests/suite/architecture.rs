@@ -43,6 +43,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "http",
         &[
             "exposition",
+            "events",
             "families",
             "model",
             "types",

@@ -793,3 +793,425 @@ fn tls_and_basic_auth_on_every_listen_address_and_on_a_systemd_socket() {
         "{line}"
     );
 }
+
+/// A TCP connection to `to` from the loopback address `from` (any of
+/// 127.0.0.0/8 is this host), so the exporter sees a client other than
+/// 127.0.0.1.
+fn connect_from(from: [u8; 4], to: SocketAddr) -> io::Result<TcpStream> {
+    use socket2::{Domain, Socket, Type};
+    let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    s.bind(&SocketAddr::from((from, 0)).into())?;
+    s.connect_timeout(&to.into(), Duration::from_secs(5))?;
+    Ok(s.into())
+}
+
+fn request(user: &str, password: &str) -> String {
+    let b = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("GET /metrics HTTP/1.0\r\nHost: localhost\r\nAuthorization: Basic {b}\r\n\r\n")
+}
+
+/// A request sent without waiting for its answer.
+struct Pending {
+    stream: TcpStream,
+    raw: Vec<u8>,
+}
+
+impl Pending {
+    fn send(from: [u8; 4], to: SocketAddr, user: &str, password: &str) -> Pending {
+        let mut stream = connect_from(from, to).unwrap();
+        stream
+            .write_all(request(user, password).as_bytes())
+            .unwrap();
+        stream.set_nonblocking(true).unwrap();
+        Pending {
+            stream,
+            raw: Vec::new(),
+        }
+    }
+
+    /// The status once the whole answer is in (the server closes after an
+    /// HTTP/1.0 answer); None while it is not.
+    fn poll(&mut self) -> Option<u16> {
+        let mut buf = [0u8; 16384];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => self.raw.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+                Err(_) => break,
+            }
+        }
+        let head = String::from_utf8_lossy(&self.raw);
+        Some(
+            head.split_whitespace()
+                .nth(1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(0),
+        )
+    }
+
+    /// Blocks until the answer is in.
+    fn wait(mut self, timeout: Duration) -> u16 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.poll() {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "no answer in {timeout:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Flood {
+    sent: usize,
+    /// Answers by status.
+    answers: std::collections::BTreeMap<u16, usize>,
+    /// Still unanswered when the flood gave up on them and hung up.
+    unanswered: usize,
+}
+
+/// `rate` requests a second for `length` from `from`, each on its own
+/// connection, without waiting for answers (an attacker does not); then up
+/// to `grace` for the answers still due, then hangs up on the rest.
+fn flood(
+    to: SocketAddr,
+    from: [u8; 4],
+    (user, password): (&str, &str),
+    rate: u32,
+    length: Duration,
+    grace: Duration,
+) -> Flood {
+    let total = (rate as f64 * length.as_secs_f64()) as usize;
+    let start = Instant::now();
+    let mut open: Vec<Pending> = Vec::new();
+    let mut f = Flood::default();
+    loop {
+        let due = ((start.elapsed().as_secs_f64() * rate as f64) as usize + 1).min(total);
+        while f.sent < due {
+            open.push(Pending::send(from, to, user, password));
+            f.sent += 1;
+        }
+        open.retain_mut(|p| match p.poll() {
+            Some(status) => {
+                *f.answers.entry(status).or_default() += 1;
+                false
+            }
+            None => true,
+        });
+        if f.sent == total && (open.is_empty() || start.elapsed() > length + grace) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    f.unanswered = open.len();
+    f
+}
+
+/// GET /metrics with credentials from 127.0.0.1: (status, body, time taken).
+fn timed_get(addr: SocketAddr, user: &str, password: &str) -> (u16, String, Duration) {
+    let t = Instant::now();
+    let s = connect(addr);
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let r = get_over(s, "/metrics", Some((user, password))).unwrap();
+    (r.status, r.body, t.elapsed())
+}
+
+/// The acceptance test of the wait queue in front of bcrypt: 50 wrong
+/// passwords a second for 10 s from 127.0.0.2, at cost 12, and meanwhile
+/// three first scrapes with the right password (three users, so none is
+/// cached) from 127.0.0.1, each answered 200 within 2 s (or three times
+/// one uncontended check, on a machine so busy that one check alone takes
+/// longer). With one FIFO queue each of them waited behind the flood's
+/// checks until the flood hung up.
+#[test]
+fn a_first_scrape_is_answered_during_a_password_flood_from_another_address() {
+    const COST: u32 = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let users: Vec<(String, String)> = ["monitor", "prom1", "prom2", "prom3"]
+        .iter()
+        .map(|u| (u.to_string(), format!("{PASSWORD}-{u}")))
+        .collect();
+    let hashes: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = users
+            .iter()
+            .map(|(_, p)| s.spawn(move || bcrypt::hash(p, COST).unwrap()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut yaml = "basic_auth_users:\n".to_string();
+    for ((u, _), h) in users.iter().zip(&hashes) {
+        yaml.push_str(&format!("  {u}: {h}\n"));
+    }
+    let web = dir.path().join("web.yml");
+    std::fs::write(&web, yaml).unwrap();
+    let ex = start(dir.path(), &web);
+
+    // One uncontended check, as a yardstick for this machine; the monitor
+    // is cached from here on and reads the metrics without a check.
+    let (status, _, one_check) = timed_get(ex.addr, "monitor", &users[0].1);
+    assert_eq!(status, 200);
+    let bound = Duration::from_secs(2).max(one_check * 3);
+
+    let length = Duration::from_secs(10);
+    let addr = ex.addr;
+    let flooder = std::thread::spawn(move || {
+        flood(
+            addr,
+            [127, 0, 0, 2],
+            ("prom1", "wrong-password"),
+            50,
+            length,
+            // For the answers of the flood's last checks, which wait
+            // behind everything else.
+            Duration::from_secs(30),
+        )
+    });
+    let t0 = Instant::now();
+    let mut took = Vec::new();
+    for (i, (user, password)) in users[1..].iter().enumerate() {
+        let at = Duration::from_millis(2500) * (i as u32 + 1);
+        while t0.elapsed() < at {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (status, body, t) = timed_get(ex.addr, user, password);
+        assert_eq!(status, 200, "{user}: {body}");
+        took.push(t);
+    }
+    let flood = flooder.join().unwrap();
+    let (_, m, _) = timed_get(ex.addr, "monitor", &users[0].1);
+    let metric = |s: &str| sample(&m, s).unwrap_or(-1.0);
+    let busy = metric("pgstorage_http_auth_skipped_total{reason=\"address_busy\"}");
+    let full = metric("pgstorage_http_auth_skipped_total{reason=\"queue_full\"}");
+    let gone = metric("pgstorage_http_auth_skipped_total{reason=\"client_gone\"}");
+    let failed = metric("pgstorage_http_auth_checks_total{result=\"failure\"}");
+    let passed = metric("pgstorage_http_auth_checks_total{result=\"success\"}");
+    eprintln!(
+        "one uncontended cost-{COST} check: {one_check:?}; first scrapes during the flood: \
+         {took:?} (bound {bound:?}); flood: {} sent, answers {:?}, {} unanswered; \
+         checks run: {failed} failed, {passed} passed; skipped: {busy} address_busy, \
+         {full} queue_full, {gone} client_gone",
+        flood.sent, flood.answers, flood.unanswered
+    );
+    for (i, t) in took.iter().enumerate() {
+        assert!(
+            *t <= bound,
+            "first scrape {} took {t:?} during the flood (bound {bound:?})",
+            i + 1
+        );
+    }
+    assert_eq!(flood.sent, 500);
+    assert_eq!(flood.unanswered, 0, "{flood:?}");
+    let refused = flood.answers.get(&429).copied().unwrap_or(0);
+    let unauthorized = flood.answers.get(&401).copied().unwrap_or(0);
+    assert_eq!(refused + unauthorized, 500, "{flood:?}");
+    // Most of the flood was answered without a hash, and counted so.
+    assert!(refused > 250, "{flood:?}");
+    assert_eq!(busy as usize, refused);
+    assert_eq!(failed as usize, unauthorized);
+    assert_eq!(passed, 4.0);
+    assert_eq!(
+        metric("pgstorage_http_auth_checks_in_flight{state=\"waiting\"}"),
+        0.0,
+        "{}",
+        m.lines()
+            .filter(|l| l.contains("http_auth"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // One line for the whole incident, naming the flood's address.
+    let log = stop(ex);
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("too many password checks waiting"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    assert!(lines[0].contains("client=127.0.0.2"), "{}", lines[0]);
+    assert!(!log.contains(PASSWORD), "a password in the log");
+    // Accepted, with a warning at start.
+    assert!(
+        log.contains(
+            "bcrypt cost above 10 (exporter-toolkit's default) for cost 12: monitor, prom1, \
+             prom2, prom3"
+        ),
+        "{log}"
+    );
+}
+
+/// A client that hangs up while its check waits leaves the queue: no hash
+/// runs for it (hyper notices the hang-up while the answer is pending and
+/// drops the request).
+#[test]
+fn a_check_whose_client_hung_up_is_never_run() {
+    // Cost 13 (about 1.2 s a check in a debug build): the two checks that
+    // hold the slots stay busy while the waiting ones come and go.
+    const COST: u32 = 13;
+    const RUNNING: &str = "pgstorage_http_auth_checks_in_flight{state=\"running\"}";
+    const WAITING: &str = "pgstorage_http_auth_checks_in_flight{state=\"waiting\"}";
+    let dir = tempfile::tempdir().unwrap();
+    let (hm, ha) = std::thread::scope(|s| {
+        let m = s.spawn(|| bcrypt::hash(OTHER_PASSWORD, COST).unwrap());
+        let a = s.spawn(|| bcrypt::hash(PASSWORD, COST).unwrap());
+        (m.join().unwrap(), a.join().unwrap())
+    });
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!("basic_auth_users:\n  monitor: {hm}\n  alice: {ha}\n"),
+    )
+    .unwrap();
+    let ex = start(dir.path(), &web);
+    let metrics = || {
+        let r = plain_get(ex.addr, "/metrics", Some(("monitor", OTHER_PASSWORD))).unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        r.body
+    };
+    let auth_line = |m: &str, s: &str| sample(m, s).unwrap_or(-1.0);
+    // The monitor's one check; cached from here on.
+    metrics();
+
+    let to = ex.addr;
+    let t0 = Instant::now();
+    let await_metric = |series: &str, want: f64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let m = metrics();
+            if auth_line(&m, series) == want {
+                return m;
+            }
+            assert!(Instant::now() < deadline, "{series} never {want}: {m}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let holders = [
+        Pending::send([127, 0, 0, 2], to, "alice", "wrong"),
+        Pending::send([127, 0, 0, 3], to, "alice", "wrong"),
+    ];
+    await_metric(RUNNING, 2.0);
+    let waiters: Vec<Pending> = (0..3)
+        .map(|_| Pending::send([127, 0, 0, 4], to, "alice", "wrong"))
+        .collect();
+    await_metric(WAITING, 3.0);
+    let waited = t0.elapsed();
+    drop(waiters);
+    let m = await_metric(
+        "pgstorage_http_auth_skipped_total{reason=\"client_gone\"}",
+        3.0,
+    );
+    eprintln!(
+        "3 checks waiting {waited:?} after the 2 holding the slots were sent; \
+         gone from the queue {:?} after they hung up",
+        t0.elapsed() - waited
+    );
+    assert_eq!(auth_line(&m, WAITING), 0.0, "{m}");
+    assert_eq!(auth_line(&m, RUNNING), 2.0, "{m}");
+    for h in holders {
+        assert_eq!(h.wait(Duration::from_secs(30)), 401);
+    }
+    // A check after them: had the three stayed in the queue, they would
+    // have had their hashes before this one.
+    assert_eq!(
+        Pending::send([127, 0, 0, 5], to, "alice", "wrong").wait(Duration::from_secs(30)),
+        401
+    );
+    let m = metrics();
+    assert_eq!(
+        auth_line(&m, "pgstorage_http_auth_checks_total{result=\"failure\"}"),
+        3.0,
+        "{m}"
+    );
+    assert_eq!(
+        auth_line(&m, "pgstorage_http_auth_checks_total{result=\"success\"}"),
+        1.0,
+        "{m}"
+    );
+    stop(ex);
+}
+
+/// A hash of cost `c` made from a cost-4 one: only the cost field is read
+/// when the file is loaded, and cost 31 would take days to make.
+fn hash_of_cost(password: &str, c: u32) -> String {
+    hash(password).replacen("$04$", &format!("${c:02}$"), 1)
+}
+
+/// A bcrypt cost above 14 is refused at start (exit 2) and at a reload,
+/// naming the user and never the hash; costs above 10, and costs that
+/// differ between users, are accepted with a warning.
+#[test]
+fn a_cost_above_the_ceiling_is_refused_at_start_and_at_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let web = d.join("web.yml");
+    for c in [15, 31] {
+        let h = hash_of_cost(PASSWORD, c);
+        std::fs::write(
+            &web,
+            format!(
+                "basic_auth_users:\n  alice: {}\n  bob: {h}\n",
+                hash(PASSWORD)
+            ),
+        )
+        .unwrap();
+        let (code, stderr) = refused(d, &web);
+        assert_eq!(code, 2, "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "basic_auth_users.bob: bcrypt cost {c} is above 14, the highest accepted"
+            )),
+            "{stderr}"
+        );
+        assert!(!stderr.contains(&h[7..]), "the hash is quoted: {stderr}");
+    }
+
+    std::fs::write(
+        &web,
+        format!("basic_auth_users:\n  alice: {}\n", hash(PASSWORD)),
+    )
+    .unwrap();
+    let ex = start(d, &web);
+    assert!(!ex.log().contains("bcrypt cost"), "{}", ex.log());
+    let twelve = hash_of_cost(OTHER_PASSWORD, 12);
+    std::fs::write(
+        &web,
+        format!(
+            "basic_auth_users:\n  alice: {}\n  bob: {twelve}\n",
+            hash(PASSWORD)
+        ),
+    )
+    .unwrap();
+    ex.signal(libc::SIGHUP);
+    let log = ex.wait_log("web configuration reloaded", Duration::from_secs(20));
+    assert!(
+        log.contains("bcrypt cost above 10 (exporter-toolkit's default) for cost 12: bob"),
+        "{log}"
+    );
+    assert!(
+        log.contains("the users' bcrypt costs differ (cost 4: alice; cost 12: bob)"),
+        "{log}"
+    );
+    let alice = hash(PASSWORD);
+    std::fs::write(
+        &web,
+        format!(
+            "basic_auth_users:\n  alice: {alice}\n  carol: {}\n",
+            hash_of_cost(OTHER_PASSWORD, 31)
+        ),
+    )
+    .unwrap();
+    ex.signal(libc::SIGHUP);
+    let log = ex.wait_log("configuration reload refused", Duration::from_secs(20));
+    assert!(
+        log.contains("basic_auth_users.carol: bcrypt cost 31 is above 14"),
+        "{log}"
+    );
+    // The running users stay.
+    assert_eq!(
+        plain_get(ex.addr, "/metrics", Some(("alice", PASSWORD)))
+            .unwrap()
+            .status,
+        200
+    );
+    let log = stop(ex);
+    assert!(!log.contains(&twelve[7..]), "a hash in the log");
+}

@@ -41,6 +41,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "http",
         &[
             "exposition",
+            "events",
             "families",
             "model",
             "types",

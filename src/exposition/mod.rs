@@ -17,6 +17,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod connections;
 pub mod derived;
 pub mod ebs;
 pub mod health;
@@ -52,6 +53,7 @@ pub struct Metrics {
     limits: Arc<LimitsState>,
     audit: Arc<crate::audit::AuditState>,
     config: config::ConfigMetrics,
+    connections: connections::ConnectionMetrics,
     render: render::RenderMetrics,
     /// Which probe ops are exposed: `probes.split` adds write and sync.
     ops: &'static [Op],
@@ -78,6 +80,7 @@ impl Metrics {
     ) -> Metrics {
         let mut registry = Registry::default();
         let config = config::ConfigMetrics::register(&mut registry);
+        let connections = connections::ConnectionMetrics::register(&mut registry);
         let render = render::RenderMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
         registry.register_collector(Box::new(process::ProcessCollector::new()));
@@ -88,6 +91,7 @@ impl Metrics {
             limits,
             audit: Default::default(),
             config,
+            connections,
             render,
             ops: exposed_ops(collectors),
             last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
@@ -101,6 +105,11 @@ impl Metrics {
 
     pub fn config(&self) -> config::ConfigMetrics {
         self.config.clone()
+    }
+
+    /// The HTTP listeners' connection series, which the HTTP server writes.
+    pub fn connections(&self) -> connections::ConnectionMetrics {
+        self.connections.clone()
     }
 
     /// Takes the one snapshot a scrape encodes.

@@ -4,8 +4,11 @@
 //!
 //! TLS and basic auth (`--web.config.file`) live in the submodules and wrap
 //! this router and listener; without them the endpoint is plain HTTP.
+//! `serve.rs` accepts and serves connections under the rules of `conns.rs`.
 
 pub mod auth;
+pub mod conns;
+pub mod serve;
 pub mod status;
 pub mod tls;
 pub mod web_config;

@@ -2,7 +2,8 @@
 //! bound address, scrape it over real HTTP; and in submodules throwaway
 //! PostgreSQL servers ([`pg`]), such a server with the exporter watching it
 //! ([`stack`]), loop devices and blkio cgroups ([`loopdev`]), the operator
-//! kit's files ([`kit`]).
+//! kit's files ([`kit`]), connections held open against the HTTP port
+//! ([`flood`]).
 //!
 //! Every test binary declares `mod common;` and uses what it needs.
 // Each test binary is a crate of its own that compiles this whole module
@@ -10,6 +11,7 @@
 // Test code: a panic is a failed assertion. Both hold for the submodules.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod flood;
 pub mod kit;
 pub mod loopdev;
 pub mod pg;

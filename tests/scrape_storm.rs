@@ -319,3 +319,74 @@ fn log_tail(log: &str, n: usize) -> String {
     let lines: Vec<&str> = log.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+/// Descriptors exhausted by something other than HTTP (here: the soft
+/// open-file limit lowered under the running exporter, below the
+/// descriptors it holds): accept(2) fails with EMFILE. The listener counts each
+/// failure, logs one line for the incident instead of one per attempt,
+/// retries after short pauses without spinning, and serves the scrape that
+/// waited in the kernel's queue once a descriptor is free again.
+#[test]
+fn accept_survives_running_out_of_descriptors() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = fast_probe_args(&format!("t={}", dir.path().display()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut ex = Exporter::start(&args);
+    let pid = ex.child.id();
+    ex.wait_for("probes", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 3.0
+    });
+    let (soft, _) = common::flood::nofile_of(pid);
+    let set_soft = |limit: &str| {
+        sh(
+            "prlimit",
+            &["--pid", &pid.to_string(), &format!("--nofile={limit}:")],
+        )
+    };
+    // Below every descriptor the exporter holds beyond stdin, stdout and
+    // stderr: each new one fails, whatever closes meanwhile.
+    set_soft("3");
+    // Waits in the kernel's accept queue: the exporter cannot take it.
+    let addr = ex.addr;
+    let waiting = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let got = http_get(addr, "/metrics", None);
+        (got, t0.elapsed())
+    });
+    let failed_line = "accepting connections failed";
+    ex.wait_log(failed_line, Duration::from_secs(10));
+    let cpu_before = common::flood::cpu_seconds(pid);
+    std::thread::sleep(Duration::from_secs(3));
+    let cpu = common::flood::cpu_seconds(pid) - cpu_before;
+    let log = ex.log();
+    assert_eq!(log.matches(failed_line).count(), 1, "{log}");
+    assert!(!waiting.is_finished(), "served without a descriptor?");
+    set_soft(&soft);
+    let ((status, _, body), waited) = waiting.join().unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("pgstorage_build_info"));
+    let log = ex.wait_log("accepting connections again", Duration::from_secs(10));
+    let m = ex.metrics();
+    let errors = samples_with(
+        &m,
+        "pgstorage_http_accept_errors_total",
+        &[&format!("listener=\"{addr}\""), "error=\"EMFILE\""],
+    );
+    eprintln!(
+        "EMFILE at accept for {waited:.1?}: {errors:?}, CPU {cpu:.2} s in 3 s; log:\n{}",
+        log.lines()
+            .filter(|l| l.contains("accepting connections"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Pauses of 5 ms doubling to 250 ms: about 4 attempts a second, not
+    // thousands; and no busy loop.
+    assert!(
+        errors.len() == 1 && errors[0].1 >= 3.0 && errors[0].1 <= 100.0,
+        "{errors:?}"
+    );
+    assert!(cpu < 1.0, "{cpu} s of CPU in 3 s of EMFILE");
+    assert_eq!(log.matches(failed_line).count(), 1, "{log}");
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(Duration::from_secs(15)).success());
+}

@@ -313,7 +313,7 @@ async fn shutdown_signal() {
 /// descriptors. Nothing here uses select(2). Raising the soft limit up to
 /// the hard one needs no privilege; should it fail all the same, the
 /// exporter runs with the limit it has and fits its connection caps to it.
-pub fn raise_nofile_limit() -> Option<u64> {
+fn raise_nofile_limit() -> Option<u64> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let text = |l: Option<u64>| l.map_or_else(|| "unlimited".to_string(), |n| n.to_string());
     let before = getrlimit(Resource::Nofile);

@@ -41,7 +41,7 @@ impl ConnectionMetrics {
         registry.register(
             "pgstorage_http_connections",
             "HTTP connections open on the listener, each holding a file descriptor (those being \
-             closed to make room included)",
+             closed, evicted or past a deadline, included)",
             m.open.clone(),
         );
         registry.register(

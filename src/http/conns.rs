@@ -158,7 +158,7 @@ impl Conn {
 
     /// When the connection's time is up and why; `None` while a request
     /// is in progress.
-    pub fn deadline(&self, t: Timeouts) -> Option<(u64, Closed)> {
+    fn deadline(&self, t: Timeouts) -> Option<(u64, Closed)> {
         if self.busy() {
             return None;
         }

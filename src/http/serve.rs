@@ -15,6 +15,10 @@
 //! extended by the bytes that arrive, so it is one deadline for idle
 //! keep-alive time and header time together; a keep-alive connection kept
 //! between Prometheus scrapes needs the first long and the second short.
+//!
+//! The daemon also sets TCP_DEFER_ACCEPT on each listener, so connections
+//! that never send a byte wait in the kernel and never reach this loop
+//! (see `sys::set_tcp_defer_accept`); what does reach it, this bounds.
 
 use std::convert::Infallible;
 use std::future::Future;

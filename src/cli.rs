@@ -51,6 +51,27 @@ pub struct Cli {
     )]
     pub telemetry_path: String,
 
+    /// Connections each listening socket holds at most; at the cap, each
+    /// new connection closes the one idle longest, so a fresh scrape is
+    /// always served.
+    ///
+    /// Anyone who can reach the port can open connections, and each holds
+    /// a file descriptor. A connection with a request in progress is never
+    /// closed to make room: while every one has, newcomers are refused.
+    /// Lowered at start to fit the open-file limit (RLIMIT_NOFILE, raised
+    /// to its hard limit) with room for probe files and PostgreSQL
+    /// sessions. Whatever the cap, a connection is closed when a request
+    /// head (or the TLS handshake) is not complete 10 s after the accept or
+    /// after the request's first byte, and after 2 minutes idle between
+    /// requests.
+    #[arg(
+        long = "web.max-connections",
+        default_value_t = 256,
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..=1_000_000)
+    )]
+    pub max_connections: u32,
+
     /// Web configuration file (TLS, basic auth) in the format of the
     /// Prometheus exporter-toolkit: tls_server_config (cert_file, key_file,
     /// min_version, max_version) and basic_auth_users (bcrypt hashes).

@@ -239,6 +239,7 @@ fn run_daemon(cli: Cli) -> ExitCode {
         telemetry_path: cli.telemetry_path.clone(),
         security,
         config_file: cli.web_config_file.clone(),
+        max_connections: cli.max_connections as usize,
     };
     let source = daemon::ReloadSource {
         file: cli.config_file.clone(),

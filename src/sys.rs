@@ -26,6 +26,8 @@
 //!   flag.
 //! - [`nvme_get_log_page`]: the NVMe admin Get Log Page ioctl, whose
 //!   kernel side writes into a caller's buffer during the call only.
+//! - [`set_tcp_defer_accept`]: a socket option neither std nor rustix
+//!   sets.
 //!
 //! [`AlignedBuf`], the `O_DIRECT` buffer these reads use, needs no `unsafe`
 //! (`#[repr(align)]` on a boxed array), but lives here so that the io_uring
@@ -608,6 +610,37 @@ pub fn nvme_get_log_page(
         0 => Ok(LogPage::Read),
         n if n > 0 => Ok(LogPage::Status(n as u32)),
         _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Sets TCP_DEFER_ACCEPT on the listening socket `fd`: the kernel hands a
+/// connection to accept(2) only once its first data has arrived, or when
+/// about `seconds` have passed without any (then it completes the
+/// connection as usual). HTTP and TLS clients speak first, so a real client
+/// is not delayed at all, while connections that never send a byte wait in
+/// the kernel's queue of half-open connections, holding no descriptor of
+/// the exporter's and no place in its accept queue.
+pub fn set_tcp_defer_accept(fd: BorrowedFd<'_>, seconds: u32) -> io::Result<()> {
+    let value = libc::c_int::try_from(seconds).unwrap_or(libc::c_int::MAX);
+    // SAFETY: setsockopt reads `optlen` bytes from `optval` during the call
+    // only: `optval` points to `value`, a live c_int on this stack frame,
+    // and `optlen` is the size of a c_int, which is what the kernel expects
+    // for TCP_DEFER_ACCEPT. `fd` is a borrowed, open descriptor for the
+    // whole call; on anything but a TCP socket the call fails cleanly
+    // (ENOTSOCK, ENOPROTOOPT).
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_DEFER_ACCEPT,
+            (&value as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

@@ -16,9 +16,10 @@ use crate::app::supervisor::{Supervisor, WebHandles, millis};
 use crate::config::Config;
 use crate::exposition::Metrics;
 use crate::http::auth::AuthSlot;
-use crate::http::tls::TlsListener;
+use crate::http::conns::{Closed, Table, Timeouts};
+use crate::http::serve::{self, Server};
 use crate::http::web_config::WebSecurity;
-use crate::http::{AppState, ClientAddr, router, with_basic_auth};
+use crate::http::{AppState, router, with_basic_auth};
 
 /// Where HTTP is served.
 #[derive(Debug)]
@@ -70,6 +71,9 @@ pub struct WebOptions {
     pub security: WebSecurity,
     /// `--web.config.file`, read again on SIGHUP.
     pub config_file: Option<PathBuf>,
+    /// `--web.max-connections`: per listener, lowered at start if the
+    /// open-file limit cannot hold that many on every listener.
+    pub max_connections: usize,
 }
 
 /// SIGTERM, SIGINT and SIGHUP, taken over from their default action (which
@@ -132,6 +136,8 @@ pub async fn run(
     let auth_metrics = web.config_file.is_some().then(|| metrics.register_auth());
     let metrics = Arc::new(metrics);
 
+    let nofile = raise_nofile_limit();
+
     // Every socket is bound (or taken over) before anything starts, so a
     // port in use stops the start with nothing to clean up.
     let systemd = matches!(web.listen, Listen::Inherited(_));
@@ -139,9 +145,7 @@ pub async fn run(
     match web.listen {
         Listen::Addresses(addrs) => {
             for addr in addrs {
-                let l = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("cannot listen on {addr}"))?;
+                let l = serve::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
                 listeners.push(l);
             }
         }
@@ -159,7 +163,29 @@ pub async fn run(
     let mut bound = Vec::with_capacity(listeners.len());
     for l in listeners {
         let local = l.local_addr().context("reading the bound address")?;
+        // Connections that never send a byte stay in the kernel (see
+        // `set_tcp_defer_accept`) for as long as a request head may take;
+        // a listener without it still holds, since its connection rules
+        // close them after that time.
+        let defer = u32::try_from(serve::HEADER_TIMEOUT.as_secs()).unwrap_or(u32::MAX);
+        if let Err(e) = crate::sys::set_tcp_defer_accept(std::os::fd::AsFd::as_fd(&l), defer) {
+            tracing::warn!(address = %local, error = %e, "cannot set TCP_DEFER_ACCEPT");
+        }
         bound.push((l, local));
+    }
+    let max_connections = match nofile {
+        Some(n) => crate::http::conns::fit(web.max_connections, bound.len(), n),
+        None => web.max_connections,
+    };
+    if max_connections < web.max_connections {
+        tracing::warn!(
+            max_connections = web.max_connections,
+            listeners = bound.len(),
+            open_file_limit = nofile,
+            using = max_connections,
+            "--web.max-connections lowered to fit the open-file limit (RLIMIT_NOFILE) with \
+             room for probe files and PostgreSQL sessions"
+        );
     }
     // One line per socket, as exporter-toolkit logs; whether the endpoint
     // is protected, never which users or anything about their passwords.
@@ -173,6 +199,7 @@ pub async fn run(
             tls_min_version = web.security.tls_min_version.map(|v| v.as_str()),
             basic_auth = web.security.basic_auth.is_some(),
             basic_auth_users = web.security.basic_auth.as_ref().map(|a| a.users()),
+            max_connections,
             "listening"
         );
     }
@@ -275,43 +302,35 @@ pub async fn run(
         })
     };
 
+    let connection_metrics = metrics.connections();
     let mut servers = tokio::task::JoinSet::new();
+    let timeouts = Timeouts {
+        header: serve::HEADER_TIMEOUT,
+        idle: serve::IDLE_TIMEOUT,
+    };
+    let reasons = Closed::ALL.map(Closed::as_str);
     for (listener, local) in bound {
-        let app = app.clone();
-        let mut stop = stop_rx.clone();
-        let stopped = async move {
-            let _ = stop.wait_for(|s| *s).await;
+        let server = Server {
+            app: app.clone(),
+            tls: tls_rx.clone(),
+            metrics: connection_metrics.listener(&local.to_string(), max_connections, &reasons),
         };
-        match &tls_rx {
-            // With TLS configured the port speaks only TLS: no plain-HTTP
-            // fallback that a misconfigured scraper could silently use.
-            Some(tls) => {
-                let server = axum::serve(
-                    TlsListener::new(listener, local, tls.clone()),
-                    app.into_make_service_with_connect_info::<ClientAddr>(),
-                )
-                .with_graceful_shutdown(stopped);
-                servers.spawn(async move { server.await });
-            }
-            None => {
-                let server = axum::serve(
-                    listener,
-                    app.into_make_service_with_connect_info::<ClientAddr>(),
-                )
-                .with_graceful_shutdown(stopped);
-                servers.spawn(async move { server.await });
-            }
-        }
+        let table = Arc::new(Table::new(max_connections, timeouts));
+        servers.spawn(serve::serve(
+            listener,
+            local,
+            server,
+            table,
+            stop_rx.clone(),
+        ));
     }
     let mut served: anyhow::Result<()> = Ok(());
     while let Some(r) = servers.join_next().await {
-        let r = match r {
-            Ok(r) => r.context("HTTP server failed"),
-            Err(e) => Err(anyhow::Error::new(e).context("HTTP server task")),
-        };
+        // A listener ends only when stopped; a panic in one stops the
+        // others too.
         if let Err(e) = r {
             if served.is_ok() {
-                served = Err(e);
+                served = Err(anyhow::Error::new(e).context("HTTP server task"));
             }
             stop_tx.send_replace(true);
         }
@@ -328,6 +347,51 @@ pub async fn run(
         .await
         .context("shutdown task")?;
     served
+}
+
+/// Raises the soft limit on open files to the hard limit and returns the
+/// limit in force (`None`: unlimited). Every HTTP connection, probe file and
+/// PostgreSQL session holds a descriptor, and the soft limit is what runs
+/// out: 1,024 by default under systemd and most shells, while the hard
+/// limit is usually far higher (524,288 under systemd since v240), kept low
+/// only for programs that still use select(2), which fails above 1,024
+/// descriptors. Nothing here uses select(2). Raising the soft limit up to
+/// the hard one needs no privilege; should it fail all the same, the
+/// exporter runs with the limit it has and fits its connection caps to it.
+fn raise_nofile_limit() -> Option<u64> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let text = |l: Option<u64>| l.map_or_else(|| "unlimited".to_string(), |n| n.to_string());
+    let before = getrlimit(Resource::Nofile);
+    if before.current == before.maximum {
+        tracing::debug!(
+            limit = %text(before.current),
+            "open-file limit (RLIMIT_NOFILE) already at its hard limit"
+        );
+        return before.current;
+    }
+    let raised = Rlimit {
+        current: before.maximum,
+        maximum: before.maximum,
+    };
+    match setrlimit(Resource::Nofile, raised) {
+        Ok(()) => {
+            tracing::debug!(
+                from = %text(before.current),
+                to = %text(before.maximum),
+                "open-file limit (RLIMIT_NOFILE) raised to its hard limit"
+            );
+            before.maximum
+        }
+        Err(e) => {
+            tracing::warn!(
+                limit = %text(before.current),
+                hard = %text(before.maximum),
+                error = %std::io::Error::from(e),
+                "cannot raise the open-file limit (RLIMIT_NOFILE) to its hard limit"
+            );
+            before.current
+        }
+    }
 }
 
 /// Nice value of the async runtime's worker threads (HTTP, collectors,

@@ -17,6 +17,7 @@
 
 pub mod audit;
 pub mod config;
+pub mod connections;
 pub mod derived;
 pub mod ebs;
 pub mod health;
@@ -53,6 +54,7 @@ pub struct Metrics {
     limits: Arc<LimitsState>,
     audit: Arc<crate::audit::AuditState>,
     config: config::ConfigMetrics,
+    connections: connections::ConnectionMetrics,
     render: render::RenderMetrics,
     /// Which probe ops are exposed: `probes.split` adds write and sync.
     ops: &'static [Op],
@@ -79,6 +81,7 @@ impl Metrics {
     ) -> Metrics {
         let mut registry = Registry::default();
         let config = config::ConfigMetrics::register(&mut registry);
+        let connections = connections::ConnectionMetrics::register(&mut registry);
         let render = render::RenderMetrics::register(&mut registry);
         registry.register_collector(Box::new(BuildInfo));
         registry.register_collector(Box::new(process::ProcessCollector::new()));
@@ -89,6 +92,7 @@ impl Metrics {
             limits,
             audit: Default::default(),
             config,
+            connections,
             render,
             ops: exposed_ops(collectors),
             last_len: std::sync::atomic::AtomicUsize::new(64 * 1024),
@@ -109,6 +113,11 @@ impl Metrics {
     /// have no basic auth serves none of them.
     pub fn register_auth(&mut self) -> http_auth::AuthMetrics {
         http_auth::AuthMetrics::register(&mut self.registry)
+    }
+
+    /// The HTTP listeners' connection series, which the HTTP server writes.
+    pub fn connections(&self) -> connections::ConnectionMetrics {
+        self.connections.clone()
     }
 
     /// Takes the one snapshot a scrape encodes.

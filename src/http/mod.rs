@@ -4,8 +4,11 @@
 //!
 //! TLS and basic auth (`--web.config.file`) live in the submodules and wrap
 //! this router and listener; without them the endpoint is plain HTTP.
+//! `serve.rs` accepts and serves connections under the rules of `conns.rs`.
 
 pub mod auth;
+pub mod conns;
+pub mod serve;
 pub mod status;
 pub mod tls;
 pub mod web_config;
@@ -17,11 +20,9 @@ use std::time::Instant;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::extract::connect_info::Connected;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::serve::IncomingStream;
 use tower_http::CompressionLevel;
 use tower_http::compression::CompressionLayer;
 
@@ -135,30 +136,17 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// Puts every route, the fallback included, behind basic auth:
-/// exporter-toolkit protects all paths, and so does this. Serve it with
-/// `into_make_service_with_connect_info::<ClientAddr>()`: the wait queue
-/// of the password checks ranks clients by address.
+/// exporter-toolkit protects all paths, and so does this. The wait queue of
+/// the password checks ranks clients by address: `serve` puts each
+/// request's `ConnectInfo<ClientAddr>` in place.
 pub fn with_basic_auth(router: Router, guard: auth::Guard) -> Router {
     router.layer(axum::middleware::from_fn_with_state(guard, auth::require))
 }
 
-/// The peer address of a connection, for `ConnectInfo`, from any listener
-/// that gives one (plain TCP, systemd's sockets, the TLS listener): axum
-/// provides it for its own `TcpListener` only.
+/// The peer address of a connection, as `ConnectInfo`, for every listener
+/// (plain TCP, systemd's sockets, TLS).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub SocketAddr);
-
-impl Connected<IncomingStream<'_, tokio::net::TcpListener>> for ClientAddr {
-    fn connect_info(stream: IncomingStream<'_, tokio::net::TcpListener>) -> Self {
-        ClientAddr(*stream.remote_addr())
-    }
-}
-
-impl Connected<IncomingStream<'_, tls::TlsListener>> for ClientAddr {
-    fn connect_info(stream: IncomingStream<'_, tls::TlsListener>) -> Self {
-        ClientAddr(*stream.remote_addr())
-    }
-}
 
 async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));

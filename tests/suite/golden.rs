@@ -50,6 +50,8 @@ const VOLATILE: &[&str] = &[
     "backend_type",
     "object",
     "context",
+    // The bound address: the port is picked by the kernel.
+    "listener",
 ];
 
 /// `name{k="v",...} value` → `name{k="v",...}` with volatile values as `*`.

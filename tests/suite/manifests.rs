@@ -1043,6 +1043,10 @@ fn systemd_unit_is_hardened_and_matches_its_config() {
         "EPERM",
         "EPERM, not SIGSYS: the io_uring fallback needs it"
     );
+    // Room for the default connection cap (256) plus the rest
+    // (http::conns::FD_RESERVE), so the exporter need not lower the cap.
+    let nofile: u64 = one("LimitNOFILE").parse().expect("LimitNOFILE= a number");
+    assert!(nofile >= 1_024, "LimitNOFILE={nofile}");
     let user = one("User");
     assert!(!user.is_empty() && user != "root", "dedicated user: {user}");
     let exec = one("ExecStart");

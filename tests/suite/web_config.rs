@@ -307,6 +307,104 @@ fn tls_alone_serves_without_auth_and_honours_min_version() {
     assert!(start_line.contains("basic_auth=false"), "{start_line}");
 }
 
+/// The TLS port under a smaller version of `scrape_storm`'s hold: 1,000
+/// connections that never send a byte and 300 that send the start of a
+/// ClientHello and nothing more, opened again whenever the exporter closes
+/// them, with the open-file limit at 1,024 (soft and hard). A TLS scrape on
+/// a fresh connection is answered within a second throughout.
+#[test]
+fn held_connections_and_half_handshakes_do_not_block_a_tls_scrape() {
+    use common::flood::{FdWatch, Holders, open_fds, raise_own_nofile, under_prlimit};
+    // A TLS record header announcing a 512-byte handshake message, and the
+    // first bytes of a ClientHello: the handshake can never complete.
+    const HALF_HELLO: &[u8] = &[
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+    ];
+    const BUDGET: Duration = Duration::from_secs(1);
+    assert!(
+        raise_own_nofile() >= 4_096,
+        "the test's own open-file limit"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = make_cert(dir.path(), "server");
+    let web = dir.path().join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            cert.display(),
+            key.display()
+        ),
+    )
+    .unwrap();
+    let probe = dir.path().join("probe");
+    std::fs::create_dir_all(&probe).unwrap();
+    let mut cmd = under_prlimit(1_024, 1_024);
+    cmd.args(["--web.listen-address", "127.0.0.1:0", "--web.config.file"])
+        .arg(&web)
+        .args(fast_probe_args(&format!("t={}", probe.display())));
+    let mut ex = Exporter::spawn(cmd);
+    let pid = ex.child.id();
+    let tls = client_config(&cert, rustls::DEFAULT_VERSIONS);
+    assert_eq!(
+        tls_get(ex.addr, &tls, "/healthz", None).unwrap().status,
+        200
+    );
+    let fds_before = open_fds(pid);
+
+    let holders = Holders::start(ex.addr, 1_000, 300, HALF_HELLO);
+    let fds = FdWatch::start(pid);
+    let start = Instant::now();
+    let (mut answered, mut slowest, mut failed) = (0, Duration::ZERO, Vec::new());
+    while start.elapsed() < Duration::from_secs(6) {
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let r = TcpStream::connect_timeout(&ex.addr, BUDGET).and_then(|s| {
+            s.set_read_timeout(Some(BUDGET))?;
+            let conn =
+                rustls::ClientConnection::new(tls.clone(), name).map_err(io::Error::other)?;
+            get_over(rustls::StreamOwned::new(conn, s), "/metrics", None)
+        });
+        let took = t0.elapsed();
+        match r {
+            Ok(r)
+                if r.status == 200 && r.body.contains("pgstorage_build_info") && took <= BUDGET =>
+            {
+                answered += 1;
+                slowest = slowest.max(took);
+            }
+            Ok(r) => failed.push(format!("status {} after {took:.2?}", r.status)),
+            Err(e) => failed.push(format!("{e} after {took:.2?}")),
+        }
+    }
+    let fds_max = fds.max();
+    drop(fds);
+    let connects = holders.connects();
+    eprintln!(
+        "TLS under a hold of 1,300 connections: {answered} scrapes answered (slowest \
+         {slowest:.1?}), {} not; {connects} holder connections opened; exporter descriptors \
+         {fds_before} before, at most {fds_max} during",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "TLS scrapes not answered within {BUDGET:?}: {failed:#?}"
+    );
+    assert!(answered >= 5, "{answered} scrapes");
+    // The default cap of 256, 16 connections being closed, a few files.
+    assert!(
+        fds_max <= fds_before + 256 + 32,
+        "descriptors {fds_before} -> {fds_max}"
+    );
+    ex.signal(libc::SIGTERM);
+    let status = ex.wait_exit(Duration::from_secs(15));
+    holders.stop();
+    assert!(status.success(), "{status:?}");
+    let log = ex.log();
+    assert!(!log.contains("Too many open files"), "{log}");
+}
+
 #[test]
 fn basic_auth_alone_works_over_plain_http() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,10 +2,12 @@
 //! bound address, scrape it over real HTTP; and in submodules throwaway
 //! PostgreSQL servers ([`pg`]), such a server with the exporter watching it
 //! ([`stack`]), loop devices and blkio cgroups ([`loopdev`]), the operator
-//! kit's files ([`kit`]).
+//! kit's files ([`kit`]), connections held open against the HTTP port
+//! ([`flood`]).
 //!
 //! The suite's modules `use crate::common` and take what they need.
 
+pub mod flood;
 pub mod kit;
 pub mod loopdev;
 pub mod pg;

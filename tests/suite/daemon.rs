@@ -78,17 +78,24 @@ fn scrape_shows_every_probe_metric_and_counts_grow() {
             assert!(*v > 0.0 && *v < 10.0, "{series} = {v}");
         }
     }
-    // One burst so far (the next is busy_every = 30 s away): exactly the
-    // recorded half of its 24 commits, and the reads of its 8 ms span (at
-    // least 16, at most 512).
+    // One burst so far (the next is busy_every = 30 s away): the recorded
+    // half of its 24 commits on a quiet host; on a host so busy that the
+    // burst's commits stall now and then like a throttle's cycles, the
+    // burst runs on and records those cycles, at most its 256 commits
+    // (model::pacing::steady_commits). Each recorded commit has its sync.
+    // And the reads of its 8 ms span (at least 16, at most 512).
     let busy = |op: &str| {
         sample(
             &second,
             &format!("pgstorage_probe_window_samples{{volume=\"t\",op=\"{op}\",phase=\"busy\"}}"),
         )
     };
-    assert_eq!(busy("commit"), Some(12.0), "{second}");
-    assert_eq!(busy("sync"), Some(12.0));
+    let commits = busy("commit").unwrap();
+    assert!(
+        commits == 12.0 || (commits > 12.0 && commits <= 256.0),
+        "{commits} busy commits\n{second}"
+    );
+    assert_eq!(busy("sync"), Some(commits));
     let reads = busy("read").unwrap();
     assert!((16.0..=512.0).contains(&reads), "{reads} busy reads");
     // A span, not a count: between the floor and the ceiling the recorded

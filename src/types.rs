@@ -410,9 +410,42 @@ impl Collectors {
     }
 }
 
+/// A path for a message, with control characters (a NUL byte, a newline,
+/// an escape sequence) escaped as Rust writes them (`\0`, `\n`,
+/// `\u{1b}`): `Path::display` would hand them raw to a terminal or a log.
+#[derive(Debug, Clone, Copy)]
+pub struct Shown<'a>(pub &'a std::path::Path);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use fmt::Write;
+        for c in self.0.to_string_lossy().chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_debug())?;
+            } else {
+                f.write_char(c)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shown_paths_escape_control_characters() {
+        use std::path::Path;
+        for (p, want) in [
+            ("/var/lib/pg 16/wal", "/var/lib/pg 16/wal"),
+            ("/srv/a\0b", "/srv/a\\0b"),
+            ("/srv/a\nb\x1b[31m", "/srv/a\\nb\\u{1b}[31m"),
+            ("/srv/é", "/srv/é"),
+        ] {
+            assert_eq!(Shown(Path::new(p)).to_string(), want);
+        }
+    }
 
     #[test]
     fn collector_table_is_in_declaration_order() {

@@ -1,10 +1,20 @@
-//! The probe directory and the two probe files in it.
+//! The probe directory and the files in it.
 //!
 //! Safety rules (docs/design.md): the directory is the exporter's own (created
 //! 0700, or an existing one owned by us and writable by nobody else), every
 //! file is opened relative to the directory's descriptor with `O_NOFOLLOW`
 //! so a symlink planted in it can never redirect a write, files are 0600,
 //! a free-space reserve is kept, and everything is removed at shutdown.
+//!
+//! Only files the exporter created, and can prove it created, are ever
+//! written, truncated or removed: the lock file records each one as it is
+//! created ([`crate::probe::lock`]). Anything else found under one of its
+//! names (`lock`, `wal.probe`, `read.probe`, `sweep.probe`) is refused
+//! ([`SetupError::Foreign`]) and left as it is: the directory may be one an
+//! administrator made and configured, holding files that are not ours to
+//! judge. An existing `lock` is opened read-only and checked before
+//! anything else; it is opened for writing only when it carries the
+//! exporter's header.
 //!
 //! A symlink found at a probe file's name is refused (`ELOOP`), not removed:
 //! only root or the exporter's own user can plant one in a 0700 directory,
@@ -14,19 +24,21 @@
 //! because an open descriptor keeps writing to its inode after the name was
 //! unlinked or renamed over, without any error.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use thiserror::Error;
 
-use crate::probe::settings::{BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME};
+use crate::probe::lock::{self, Identity, Record, Seen};
+use crate::probe::settings::BLOCK_SIZE;
 use crate::probe::{Rng, errno_name};
-use crate::types::SyncMethod;
+use crate::types::{Shown, SyncMethod};
 use crate::units::fmt_bytes;
 
 pub const WAL_FILE: &str = "wal.probe";
@@ -35,18 +47,36 @@ pub const READ_FILE: &str = "read.probe";
 /// removed when it ends.
 pub const SWEEP_FILE: &str = "sweep.probe";
 pub const LOCK_FILE: &str = "lock";
+/// The probe files, in the order they are looked at.
+const PROBE_FILES: [&str; 3] = [WAL_FILE, READ_FILE, SWEEP_FILE];
 
 /// Why a volume's probe files could not be set up. The daemon retries with
 /// backoff; `check` reports it and exits non-zero.
 #[derive(Debug, Error)]
 pub enum SetupError {
-    #[error("probe directory {}: {reason}", path.display())]
+    #[error("probe directory {}: {reason}", Shown(path))]
     UnsafeDir { path: PathBuf, reason: String },
-    #[error("probe directory {} is in use by another pg-storage-exporter (pid {pid})", path.display())]
+    #[error(
+        "probe directory {} is in use by another pg-storage-exporter (pid {pid})",
+        Shown(path)
+    )]
     InUse { path: PathBuf, pid: String },
     #[error(
+        "probe directory {} holds {} this exporter did not create, or cannot prove it did \
+         (its lock file records each file it creates): {}; left untouched: move {} away or \
+         choose another probe directory",
+        Shown(dir),
+        if names.len() == 1 { "a file" } else { "files" },
+        names.join(", "),
+        if names.len() == 1 { "it" } else { "them" }
+    )]
+    Foreign {
+        dir: PathBuf,
+        names: Vec<&'static str>,
+    },
+    #[error(
         "not creating {} ({}): {} free, and {} must stay free (free_space_reserve)",
-        path.display(), fmt_bytes(*needed), fmt_bytes(*available), fmt_bytes(*reserve)
+        Shown(path), fmt_bytes(*needed), fmt_bytes(*available), fmt_bytes(*reserve)
     )]
     Reserve {
         path: PathBuf,
@@ -56,10 +86,10 @@ pub enum SetupError {
     },
     #[error(
         "{}: the filesystem refuses O_DIRECT ({}); the read probe cannot bypass the page cache here",
-        path.display(), errno_name(*errno)
+        Shown(path), errno_name(*errno)
     )]
     DirectIoUnsupported { path: PathBuf, errno: i32 },
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}: {source}", Shown(path))]
     Io {
         what: &'static str,
         path: PathBuf,
@@ -68,7 +98,7 @@ pub enum SetupError {
     },
     #[error(
         "{} is a symlink{}; probe files are never opened through a link: remove it",
-        path.display(), target.as_ref().map(|t| format!(" to {}", t.display())).unwrap_or_default()
+        Shown(path), target.as_ref().map(|t| format!(" to {}", Shown(t))).unwrap_or_default()
     )]
     Symlink {
         path: PathBuf,
@@ -76,7 +106,7 @@ pub enum SetupError {
     },
     #[error(
         "{} was replaced between its creation and its reopening; not probing a file this exporter did not create",
-        path.display()
+        Shown(path)
     )]
     Replaced { path: PathBuf },
     #[error("{0}")]
@@ -91,6 +121,7 @@ impl SetupError {
         match self {
             SetupError::UnsafeDir { .. } => "unsafe_dir",
             SetupError::InUse { .. } => "in_use",
+            SetupError::Foreign { .. } => "foreign_file",
             SetupError::Reserve { .. } => "free_space_reserve",
             SetupError::DirectIoUnsupported { .. } => "no_direct_io",
             // What O_NOFOLLOW itself answers for a link: an errno the label
@@ -144,6 +175,15 @@ impl FileId {
         Ok(FileId::of(&fstat(fd)?))
     }
 
+    /// The file `name` in `dir` refers to (a symlink itself, not followed).
+    pub fn of_name(dir: impl AsFd, name: impl rustix::path::Arg) -> io::Result<FileId> {
+        Ok(FileId::of(&rustix::fs::statat(
+            dir,
+            name,
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?))
+    }
+
     #[allow(
         clippy::unnecessary_cast,
         reason = "the field types vary by architecture; u64 holds them all"
@@ -177,24 +217,249 @@ fn readlinkat(dir: &OwnedFd, name: &str) -> Option<PathBuf> {
     )))
 }
 
+/// Looks at what has the lock file's name, before anything else is done
+/// in the directory. Nothing there is opened for writing unless it is the
+/// exporter's own lock (its header, owned by this user, a single link: a
+/// hard link would carry a write to wherever else the file is listed), and
+/// that is taken over only when no live process holds its `flock`.
+fn take_lock(dir: &OwnedFd, path: &Path) -> Result<Found, SetupError> {
+    let lock_path = path.join(LOCK_FILE);
+    let io_err = |what, source| SetupError::Io {
+        what,
+        path: lock_path.clone(),
+        source,
+    };
+    let foreign = || SetupError::Foreign {
+        dir: path.to_path_buf(),
+        names: present(dir),
+    };
+    let st = match lstatat(dir, LOCK_FILE) {
+        Ok(st) => st,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Found::Nothing),
+        Err(e) => return Err(io_err("stat of", e)),
+    };
+    if is_symlink(&st) {
+        return Err(SetupError::Symlink {
+            target: readlinkat(dir, LOCK_FILE),
+            path: lock_path,
+        });
+    }
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+        || st.st_uid != rustix::process::geteuid().as_raw()
+        || st.st_nlink != 1
+        || st.st_size > lock::MAX_LEN as i64
+    {
+        return Err(foreign());
+    }
+    // Read-only, and non-blocking in case a FIFO took the name since the
+    // stat: no write, no truncation, no wait.
+    let ro = openat(
+        dir,
+        LOCK_FILE,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err("opening", e))?;
+    let same = |fd: &OwnedFd| FileId::of_fd(fd).is_ok_and(|id| id == FileId::of(&st));
+    if !same(&ro) {
+        return Err(foreign());
+    }
+    let ours = |fd: &OwnedFd| -> Result<Option<Record>, SetupError> {
+        let text = read_lock(fd).map_err(|e| io_err("reading", e))?;
+        Ok(Record::parse(&text, &PROBE_FILES))
+    };
+    if ours(&ro)?.is_none() {
+        return Err(foreign());
+    }
+    let fd =
+        openat(dir, LOCK_FILE, OFlags::RDWR, Mode::empty()).map_err(|e| io_err("opening", e))?;
+    if !same(&fd) {
+        return Err(foreign());
+    }
+    drop(ro);
+    if let Err(e) = rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        if e == rustix::io::Errno::WOULDBLOCK {
+            let pid = ours(&fd)?
+                .and_then(|r| r.pid)
+                .map_or_else(|| "unknown".to_string(), |p| p.to_string());
+            return Err(SetupError::InUse {
+                path: path.to_path_buf(),
+                pid,
+            });
+        }
+        return Err(io_err("locking", e.into()));
+    }
+    // Read again under the lock: its last holder may have rewritten it
+    // until it let go.
+    match ours(&fd)? {
+        Some(r) => Ok(Found::Crashed(fd, r)),
+        None => Err(foreign()),
+    }
+}
+
+/// Creates this run's lock file (`O_EXCL`: never one that appeared since
+/// [`take_lock`] looked) and locks it at once; its record is written next.
+/// None when a file took the name in between.
+fn create_lock(dir: &OwnedFd, path: &Path) -> Result<Option<OwnedFd>, SetupError> {
+    let io_err = |what, source| SetupError::Io {
+        what,
+        path: path.join(LOCK_FILE),
+        source,
+    };
+    let fd = match openat(
+        dir,
+        LOCK_FILE,
+        OFlags::RDWR | OFlags::CREATE | OFlags::EXCL,
+        PRIVATE,
+    ) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Ok(None),
+        Err(e) => return Err(io_err("creating", e)),
+    };
+    if let Err(e) = rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        // Ours, empty and held by someone else: not left behind.
+        if FileId::of_fd(&fd).is_ok_and(|id| FileId::of_name(dir, LOCK_FILE).is_ok_and(|n| n == id))
+        {
+            let _ = unlinkat(dir, LOCK_FILE);
+        }
+        return Err(io_err("locking", e.into()));
+    }
+    Ok(Some(fd))
+}
+
+/// Which of the exporter's names are taken in `dir`.
+fn present(dir: &OwnedFd) -> Vec<&'static str> {
+    [LOCK_FILE, WAL_FILE, READ_FILE, SWEEP_FILE]
+        .into_iter()
+        .filter(|n| !matches!(lstatat(dir, n), Err(e) if e.raw_os_error() == Some(libc::ENOENT)))
+        .collect()
+}
+
 /// An open, locked probe directory.
 #[derive(Debug)]
 pub struct ProbeDir {
     path: PathBuf,
+    /// The directory the probe directory is in (`O_PATH`) and its name
+    /// there: removing the probe directory through them reaches it where it
+    /// was opened, also when its volume was lazily unmounted (`umount -l`)
+    /// and the path now leads to the empty mount point.
+    parent: OwnedFd,
+    name: OsString,
     dir: OwnedFd,
     /// The directory's identity when it was opened, for [`Self::at_path`].
     id: FileId,
-    _lock: OwnedFd,
+    lock: Lock,
+    /// Created by this run, or by an earlier one whose lock says so: the
+    /// exporter's to remove at shutdown.
     created: bool,
     closed: AtomicBool,
 }
 
+/// The held lock file and what it records.
+#[derive(Debug)]
+struct Lock {
+    fd: OwnedFd,
+    id: FileId,
+    /// What the file says (or is about to say). Held only to read or
+    /// replace it, never across IO: shutdown reads it to know what to
+    /// remove, and must not wait behind a write stuck on a hung disk.
+    record: Mutex<Record>,
+    /// Taken by whoever rewrites the file (the probe thread, setup), so
+    /// that writes land in the order of their changes.
+    writing: Mutex<()>,
+}
+
+impl Lock {
+    fn record(&self) -> MutexGuard<'_, Record> {
+        // A panic while the record was changed leaves it as valid as
+        // before: every change is one whole assignment.
+        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies `change` to the record and, if it changed anything, writes
+    /// the file. The record in memory is updated first: what it adds is
+    /// already this run's to remove, whether or not the write lands.
+    fn update(&self, change: impl FnOnce(&mut Record)) -> io::Result<()> {
+        let _writer = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = {
+            let mut record = self.record();
+            let mut next = record.clone();
+            change(&mut next);
+            if next == *record {
+                return Ok(());
+            }
+            *record = next.clone();
+            next
+        };
+        self.write(&next)
+    }
+
+    /// Writes `r` over the lock file's content and syncs it: a record a
+    /// crash may lose proves nothing at the next start. Overwritten in
+    /// place, then cut to length, so the first line (the same in every
+    /// version of the record) never goes missing in a torn write.
+    ///
+    /// Synced now, too, while setup writes anyway: left dirty, the page
+    /// would be written back when the lock file, unlinked at shutdown, is
+    /// evicted at exit: ext4 (data=ordered) writes a deleted file's dirty
+    /// data from the exiting thread, and on a throttled or saturated disk
+    /// that write queues behind everybody else's IO, delaying exit by a
+    /// whole queue wait (measured: +7 s at 1 write IOPS behind 6 queued
+    /// writes).
+    fn write(&self, r: &Record) -> io::Result<()> {
+        let text = r.render();
+        let mut done = 0;
+        while done < text.len() {
+            let n = rustix::io::pwrite(&self.fd, &text.as_bytes()[done..], done as u64)?;
+            if n == 0 {
+                return Err(io::Error::from(io::ErrorKind::WriteZero));
+            }
+            done += n;
+        }
+        rustix::fs::ftruncate(&self.fd, text.len() as u64)?;
+        rustix::fs::fdatasync(&self.fd)?;
+        Ok(())
+    }
+}
+
+/// The lock file's first bytes (up to [`lock::MAX_LEN`]).
+fn read_lock(fd: &OwnedFd) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; lock::MAX_LEN];
+    let mut len = 0;
+    while len < buf.len() {
+        match rustix::io::pread(fd, &mut buf[len..], len as u64)? {
+            0 => break,
+            n => len += n,
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// What was found at the lock file's name.
+enum Found {
+    /// Nothing: this run makes its own.
+    Nothing,
+    /// The lock of an exporter that holds it no more (crashed, or killed):
+    /// now ours, with the record it carried.
+    Crashed(OwnedFd, Record),
+}
+
 impl ProbeDir {
     /// Creates (0700) or opens the probe directory, takes its lock and
-    /// removes probe files a crashed run left behind.
+    /// removes probe files a crashed run left behind. When something is in
+    /// the way (a file it did not create, a symlink), what is provably its
+    /// own (its lock, a crashed run's recorded files, the directory if it
+    /// made it) is removed before the error is returned; the rest stays.
     pub fn open(path: &Path) -> Result<ProbeDir, SetupError> {
         let pd = ProbeDir::open_locked(path)?;
-        pd.remove_stale()?;
+        if let Err(e) = pd.remove_stale() {
+            // The error names what is left; said once.
+            for p in pd.remove(false) {
+                tracing::error!(problem = %p, "could not remove probe file");
+            }
+            return Err(e);
+        }
         Ok(pd)
     }
 
@@ -212,130 +477,177 @@ impl ProbeDir {
             path: path.to_path_buf(),
             reason,
         };
-        let created = match std::fs::DirBuilder::new().mode(0o700).create(path) {
-            Ok(()) => true,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
-            Err(e) => return Err(io_err("creating probe directory", e)),
-        };
+        // Before any system call, whose error would show the path raw: no
+        // file name can hold the byte anyway.
         if path.as_os_str().as_encoded_bytes().contains(&0) {
             return Err(refuse("path contains a NUL byte".to_string()));
         }
-        let dir = rustix::fs::open(
-            path,
+        let (parent_path, name) = match (path.parent(), path.file_name()) {
+            (Some(p), Some(n)) => (
+                if p.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    p
+                },
+                n,
+            ),
+            _ => {
+                return Err(refuse(
+                    "has no name of its own in a parent directory".to_string(),
+                ));
+            }
+        };
+        // The parent is reached through symlinks (a volume path may be one);
+        // only the probe directory itself must not be a link.
+        let parent = rustix::fs::open(
+            parent_path,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| io_err("creating probe directory", e.into()))?;
+        let created = match rustix::fs::mkdirat(&parent, name, PRIVATE_DIR) {
+            Ok(()) => true,
+            Err(rustix::io::Errno::EXIST) => false,
+            Err(e) => return Err(io_err("creating probe directory", e.into())),
+        };
+        let dir = rustix::fs::openat(
+            &parent,
+            name,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| {
-            let e = io::Error::from(e);
-            match e.raw_os_error() {
-                Some(libc::ELOOP) | Some(libc::ENOTDIR) => {
-                    refuse("is a symlink or not a directory; refusing to follow it".to_string())
-                }
-                _ => io_err("opening probe directory", e),
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
+                refuse("is a symlink or not a directory; refusing to follow it".to_string())
             }
+            e => io_err("opening probe directory", e.into()),
         })?;
-        let meta = File::from(dir.try_clone().map_err(|e| io_err("dup", e))?)
-            .metadata()
-            .map_err(|e| io_err("stat of probe directory", e))?;
+        let st = fstat(&dir).map_err(|e| io_err("stat of probe directory", e))?;
+        let id = FileId::of(&st);
+        let identity = Identity::of_fd(&dir).map_err(|e| io_err("stat of probe directory", e))?;
+        // A directory this run made and cannot use is not left behind
+        // (rmdir removes only an empty one).
+        let undo = || {
+            if created && FileId::of_name(&parent, name).is_ok_and(|now| now == id) {
+                let _ = rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR);
+            }
+        };
         let euid = rustix::process::geteuid().as_raw();
-        if meta.uid() != euid {
+        if st.st_uid != euid {
+            undo();
             return Err(refuse(format!(
                 "owned by uid {}, not by this process (uid {euid}); refusing to write into it",
-                meta.uid()
+                st.st_uid
             )));
         }
-        if meta.mode() & 0o022 != 0 {
+        if st.st_mode & 0o022 != 0 {
+            undo();
             return Err(refuse(format!(
                 "mode {:o} lets other users write into it; chmod 0700 it or remove it",
-                meta.mode() & 0o7777
+                st.st_mode & 0o7777
             )));
         }
-        let lock = openat(&dir, LOCK_FILE, OFlags::RDWR | OFlags::CREATE, PRIVATE)
-            .map_err(|e| io_err("opening lock file in", e))?;
-        // The lock file is opened without O_EXCL (it survives a crash) and is
-        // then truncated: a hard link planted at its name would have that
-        // truncation land in the linked file, wherever else it is listed.
-        let lock_st = fstat(&lock).map_err(|e| io_err("stat of lock file in", e))?;
-        if FileType::from_raw_mode(lock_st.st_mode) != FileType::RegularFile
-            || lock_st.st_nlink != 1
-        {
-            return Err(refuse(format!(
-                "its {LOCK_FILE} file is not a regular file with a single link ({} links); \
-                 refusing to write into what may be another file: remove it",
-                lock_st.st_nlink
-            )));
-        }
-        if let Err(e) =
-            rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-        {
-            let e = io::Error::from(e);
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                let pid = std::fs::read_to_string(path.join(LOCK_FILE))
-                    .map(|s| s.trim().to_string())
-                    .unwrap_or_else(|_| "unknown".to_string());
-                return Err(SetupError::InUse {
-                    path: path.to_path_buf(),
-                    pid,
-                });
+        // Twice at most: a lock that appears between the look and the
+        // creation (another exporter starting) is looked at again.
+        let mut taken = None;
+        for _ in 0..2 {
+            let step = take_lock(&dir, path).and_then(|found| match found {
+                Found::Nothing => Ok(create_lock(&dir, path)?.map(|fd| (fd, None))),
+                Found::Crashed(fd, r) => Ok(Some((fd, Some(r)))),
+            });
+            match step {
+                Ok(None) => {}
+                Ok(Some(t)) => {
+                    taken = Some(t);
+                    break;
+                }
+                Err(e) => {
+                    undo();
+                    return Err(e);
+                }
             }
-            return Err(io_err("locking", e));
         }
-        let mut lock_file = File::from(lock);
-        {
-            use std::io::Write;
-            let _ = lock_file.set_len(0);
-            let _ = writeln!(lock_file, "{}", std::process::id());
-            // Written back now, while setup writes anyway. Left dirty, the
-            // page would be written back when the lock file, unlinked at
-            // shutdown, is evicted at exit: ext4 (data=ordered) writes a
-            // deleted file's dirty data from the exiting thread, and on a
-            // throttled or saturated disk that write queues behind
-            // everybody else's IO, delaying exit by a whole queue wait
-            // (measured: +7 s at 1 write IOPS behind 6 queued writes).
-            let _ = lock_file.sync_data();
-        }
-        Ok(ProbeDir {
+        let Some((fd, earlier)) = taken else {
+            undo();
+            return Err(SetupError::InUse {
+                path: path.to_path_buf(),
+                pid: "unknown".to_string(),
+            });
+        };
+        let lock_id = FileId::of_fd(&fd).map_err(|e| io_err("stat of lock file in", e))?;
+        // A directory a crashed run created is this run's to remove.
+        let created = created
+            || earlier
+                .as_ref()
+                .and_then(|r| r.dir)
+                .is_some_and(|d| d.matches(&identity));
+        let record = Record {
+            pid: Some(std::process::id()),
+            dir: created.then_some(identity),
+            files: earlier.map(|r| r.files).unwrap_or_default(),
+        };
+        let pd = ProbeDir {
             path: path.to_path_buf(),
+            parent,
+            name: name.to_os_string(),
             dir,
-            id: FileId {
-                dev: meta.dev(),
-                ino: meta.ino(),
+            id,
+            lock: Lock {
+                fd,
+                id: lock_id,
+                record: Mutex::new(Record::default()),
+                writing: Mutex::new(()),
             },
-            _lock: OwnedFd::from(lock_file),
             created,
             closed: AtomicBool::new(false),
-        })
+        };
+        if let Err(e) = pd.lock.update(|r| *r = record) {
+            pd.remove_all();
+            return Err(io_err("writing lock file in", e));
+        }
+        Ok(pd)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Removes probe files of an earlier run: we hold the lock, so whoever
-    /// created them is gone.
+    /// Removes probe files of an earlier run that its lock records: we
+    /// hold the lock now, so whoever created them is gone.
     pub fn remove_stale(&self) -> Result<(), SetupError> {
         for name in self.clear()? {
-            tracing::info!(file = %self.path.join(name).display(), "removed stale probe file of an earlier run");
+            tracing::info!(file = %Shown(&self.path.join(name)), "removed stale probe file of an earlier run");
         }
         Ok(())
     }
 
-    /// Makes room for new probe files: unlinks whatever regular file (or
-    /// other non-link entry) has a probe file's name, and returns the names
-    /// removed. Called at start and before every new setup of a running
-    /// probe thread, whose old descriptors are closed by then. A symlink is
-    /// refused, and left in place, before anything is removed; unlinking
-    /// never follows a link, so its target is not touched either way.
+    /// Makes room for new probe files: unlinks the files at the probe
+    /// files' names that the lock records (this run's, or a crashed run's),
+    /// and returns the names removed. Called at start and before every new
+    /// setup of a running probe thread, whose old descriptors are closed by
+    /// then. A symlink, or a file the lock does not record, is refused and
+    /// left in place before anything is removed; unlinking never follows a
+    /// link, so its target is not touched either way.
     pub fn clear(&self) -> Result<Vec<&'static str>, SetupError> {
-        for name in [WAL_FILE, READ_FILE, SWEEP_FILE] {
-            match lstatat(&self.dir, name) {
-                Ok(st) if is_symlink(&st) => {
+        let record = self.lock.record().clone();
+        let mut ours = Vec::new();
+        let mut foreign = Vec::new();
+        for name in PROBE_FILES {
+            match Seen::at(&self.dir, name) {
+                Ok(seen) if seen.kind == FileType::Symlink => {
                     return Err(SetupError::Symlink {
                         path: self.path.join(name),
                         target: readlinkat(&self.dir, name),
                     });
                 }
-                Ok(_) => {}
+                Ok(seen) => match record.file(name) {
+                    Some(id)
+                        if seen.kind == FileType::RegularFile && id.matches(&seen.identity) =>
+                    {
+                        ours.push(name)
+                    }
+                    _ => foreign.push(name),
+                },
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(source) => {
                     return Err(SetupError::Io {
@@ -346,21 +658,49 @@ impl ProbeDir {
                 }
             }
         }
+        if !foreign.is_empty() {
+            return Err(SetupError::Foreign {
+                dir: self.path.clone(),
+                names: foreign,
+            });
+        }
         let mut removed = Vec::new();
-        for name in [WAL_FILE, READ_FILE, SWEEP_FILE] {
+        let mut result = Ok(());
+        for name in ours {
             match unlinkat(&self.dir, name) {
                 Ok(()) => removed.push(name),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(source) => {
-                    return Err(SetupError::Io {
+                    result = Err(SetupError::Io {
                         what: "removing stale probe file",
                         path: self.path.join(name),
                         source,
                     });
+                    break;
                 }
             }
         }
-        Ok(removed)
+        // Records of files gone are dropped (an inode number is reused),
+        // a record of one still there is kept.
+        let gone: Vec<&str> = record
+            .files
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| removed.contains(n) || !self.name_exists(n))
+            .collect();
+        // The files are gone either way; a record that could not be
+        // rewritten only keeps naming inodes nothing lists.
+        if let Err(e) = self
+            .lock
+            .update(|r| r.files.retain(|(n, _)| !gone.contains(n)))
+        {
+            tracing::debug!(probe_dir = %Shown(&self.path), error = %e, "cannot rewrite the lock file");
+        }
+        result.map(|()| removed)
+    }
+
+    fn name_exists(&self, name: &str) -> bool {
+        !matches!(lstatat(&self.dir, name), Err(e) if e.raw_os_error() == Some(libc::ENOENT))
     }
 
     /// Whether `name` in this directory still refers to `held`. Neither a
@@ -370,8 +710,8 @@ impl ProbeDir {
     /// (holding its space) and never notice a file put in its place. Only
     /// comparing the name's inode with the descriptor's tells.
     pub fn check_name(&self, name: &str, held: FileId) -> io::Result<NameCheck> {
-        match lstatat(&self.dir, name) {
-            Ok(st) if FileId::of(&st) == held => Ok(NameCheck::Same),
+        match FileId::of_name(&self.dir, name) {
+            Ok(id) if id == held => Ok(NameCheck::Same),
             Ok(_) => Ok(NameCheck::Replaced),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(NameCheck::Removed),
             Err(e) => Err(e),
@@ -381,13 +721,10 @@ impl ProbeDir {
     /// Whether the configured path still names this directory (not removed,
     /// renamed or replaced since it was opened).
     pub fn at_path(&self) -> io::Result<bool> {
-        match std::fs::symlink_metadata(&self.path) {
-            Ok(m) => Ok(FileId {
-                dev: m.dev(),
-                ino: m.ino(),
-            } == self.id),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(e),
+        match rustix::fs::lstat(&self.path) {
+            Ok(st) => Ok(FileId::of(&st) == self.id),
+            Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -416,8 +753,16 @@ impl ProbeDir {
 
     /// Creates, fills and syncs a probe file; returns the descriptor it was
     /// created through, so the caller can check that a reopening by name
-    /// found the same file.
-    fn create(&self, name: &str, size: u64, reserve: u64, fill: Fill) -> Result<File, SetupError> {
+    /// found the same file. The file is recorded in the lock before any
+    /// byte of it is written, so a crash while it is filled leaves a file
+    /// the next start can prove is its own.
+    fn create(
+        &self,
+        name: &'static str,
+        size: u64,
+        reserve: u64,
+        fill: Fill,
+    ) -> Result<File, SetupError> {
         let path = self.path.join(name);
         let io_err = |what, source| SetupError::Io {
             what,
@@ -436,6 +781,10 @@ impl ProbeDir {
         )
         .map_err(|e| io_err("creating", e))?;
         let mut f = File::from(fd);
+        if let Err(e) = Identity::of_fd(&f).and_then(|id| self.record(name, Some(id))) {
+            self.remove_own(name, &f);
+            return Err(io_err("recording in the lock file", e));
+        }
         let result = (|| -> io::Result<()> {
             use std::io::Write;
             let mut rng = Rng::seeded();
@@ -463,7 +812,7 @@ impl ProbeDir {
             Ok(())
         })();
         if let Err(e) = result {
-            let _ = unlinkat(&self.dir, name);
+            self.remove_own(name, &f);
             if e.raw_os_error() == Some(libc::ECANCELED) {
                 return Err(SetupError::Stopped);
             }
@@ -471,10 +820,73 @@ impl ProbeDir {
         }
         if self.closed.load(Ordering::SeqCst) {
             // Shutdown cleaned the directory while we were writing.
-            let _ = unlinkat(&self.dir, name);
+            self.remove_own(name, &f);
             return Err(SetupError::Stopped);
         }
         Ok(f)
+    }
+
+    /// Records `name` as the file `id` in the lock file (None: forgets it).
+    fn record(&self, name: &'static str, id: Option<Identity>) -> io::Result<()> {
+        self.lock.update(|r| match id {
+            Some(id) => r.set_file(name, id),
+            None => r.forget(name),
+        })
+    }
+
+    /// Removes `name` if it is still the file `held` (created through that
+    /// descriptor), and its record.
+    fn remove_own(&self, name: &'static str, held: &File) {
+        let still = FileId::of_fd(held)
+            .is_ok_and(|id| FileId::of_name(&self.dir, name).is_ok_and(|now| now == id));
+        if still && unlinkat(&self.dir, name).is_ok() {
+            let _ = self.record(name, None);
+        }
+    }
+
+    /// Removes `name` if the lock records it as the exporter's; a file the
+    /// exporter did not create is refused, a symlink too.
+    fn remove_recorded(&self, name: &'static str) -> Result<(), SetupError> {
+        let seen = match Seen::at(&self.dir, name) {
+            Ok(seen) => seen,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let _ = self.record(name, None);
+                return Ok(());
+            }
+            Err(source) => {
+                return Err(SetupError::Io {
+                    what: "stat of",
+                    path: self.path.join(name),
+                    source,
+                });
+            }
+        };
+        if seen.kind == FileType::Symlink {
+            return Err(SetupError::Symlink {
+                path: self.path.join(name),
+                target: readlinkat(&self.dir, name),
+            });
+        }
+        let recorded = self.lock.record().file(name);
+        if !recorded.is_some_and(|id| id.matches(&seen.identity)) {
+            return Err(SetupError::Foreign {
+                dir: self.path.clone(),
+                names: vec![name],
+            });
+        }
+        match unlinkat(&self.dir, name) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(source) => {
+                return Err(SetupError::Io {
+                    what: "removing",
+                    path: self.path.join(name),
+                    source,
+                });
+            }
+        }
+        let _ = self.record(name, None);
+        Ok(())
     }
 
     /// Opens `name` again with `flags` (O_DSYNC/O_SYNC cannot be added to an
@@ -535,7 +947,7 @@ impl ProbeDir {
         match self.reopen(READ_FILE, &created, OFlags::RDONLY | OFlags::DIRECT) {
             Ok(r) => r,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                let _ = unlinkat(&self.dir, READ_FILE);
+                self.remove_own(READ_FILE, &created);
                 Err(SetupError::DirectIoUnsupported {
                     path: self.path.join(READ_FILE),
                     errno: libc::EINVAL,
@@ -557,14 +969,14 @@ impl ProbeDir {
     pub fn create_sweep_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
         // Left by a sweep that could not remove it (the clean-up of an
         // interrupted one happens at the next start; this covers a failed
-        // unlink in between).
-        self.remove_sweep_file();
+        // unlink in between). Anything else at the name is refused.
+        self.remove_recorded(SWEEP_FILE)?;
         let created = self.create(SWEEP_FILE, size, reserve, Fill::Random)?;
         match self.reopen(SWEEP_FILE, &created, OFlags::RDWR | OFlags::DIRECT) {
             Ok(Ok(f)) => Ok(f),
             Ok(Err(e)) => Err(e),
             Err(e) => {
-                let _ = unlinkat(&self.dir, SWEEP_FILE);
+                self.remove_own(SWEEP_FILE, &created);
                 if e.raw_os_error() == Some(libc::EINVAL) {
                     return Err(SetupError::DirectIoUnsupported {
                         path: self.path.join(SWEEP_FILE),
@@ -580,50 +992,100 @@ impl ProbeDir {
         }
     }
 
-    /// Removes the sweep file (if there is one; never a symlink's target:
-    /// unlinking does not follow links).
+    /// Removes the sweep file, if it is the one the exporter created.
     pub fn remove_sweep_file(&self) {
-        let _ = unlinkat(&self.dir, SWEEP_FILE);
+        if let Err(e) = self.remove_recorded(SWEEP_FILE) {
+            tracing::warn!(error = %e, "sweep file not removed");
+        }
     }
 
-    /// Removes the probe files, the lock file and (if empty) the directory.
-    /// Safe to call while a probe thread still holds a file open: the blocks
-    /// are freed when the last descriptor closes, at exit at the latest.
+    /// Removes the probe files the lock records, then the lock file and,
+    /// when the exporter created it, the directory. What the exporter did
+    /// not create stays, and so does the directory holding it. When a
+    /// recorded file cannot be removed (a filesystem turned read-only), the
+    /// lock stays too: it is what lets the next start prove that file is
+    /// its own. Safe to call while a probe thread still holds a file open:
+    /// the blocks are freed when the last descriptor closes, at exit at the
+    /// latest. Returns what could not be removed.
     pub fn remove_all(&self) -> Vec<String> {
+        self.remove(true)
+    }
+
+    /// [`Self::remove_all`]; `say_kept`: log the files left in place.
+    fn remove(&self, say_kept: bool) -> Vec<String> {
         self.closed.store(true, Ordering::SeqCst);
         let mut problems = Vec::new();
-        for name in [WAL_FILE, READ_FILE, SWEEP_FILE, LOCK_FILE] {
-            match unlinkat(&self.dir, name) {
-                Ok(()) => {}
+        let mut kept = Vec::new();
+        let record = self.lock.record().clone();
+        for (name, id) in &record.files {
+            let shown = Shown(&self.path.join(name)).to_string();
+            match Seen::at(&self.dir, name) {
+                Ok(seen) if id.matches(&seen.identity) => match unlinkat(&self.dir, name) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                    Err(e) => problems.push(format!("{shown}: {e}")),
+                },
+                // Renamed over by something else since: not ours.
+                Ok(_) => kept.push(*name),
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => problems.push(format!("{}: {e}", self.path.join(name).display())),
+                Err(e) => problems.push(format!("{shown}: {e}")),
             }
         }
-        // Remove the directory only if it is ours: created by this run, or
-        // carrying one of the exporter's own names (left by an earlier run).
-        // A directory an administrator made and configured as probe_dir
-        // stays, so the next start does not need write access to its parent.
-        let ours = self.created
-            || self
-                .path
-                .file_name()
-                .is_some_and(|n| n == PROBE_DIR_NAME || n == CHECK_DIR_NAME);
-        if !ours {
+        for name in PROBE_FILES {
+            if record.file(name).is_none() && self.name_exists(name) {
+                kept.push(name);
+            }
+        }
+        if say_kept && !kept.is_empty() {
+            tracing::warn!(
+                probe_dir = %Shown(&self.path),
+                files = %kept.join(", "),
+                "left in place: files this exporter did not create"
+            );
+        }
+        if !problems.is_empty() {
             return problems;
         }
-        // Only if the path still names the directory we hold: one that was
-        // moved away leaves someone else's (or nothing) at the path.
-        if !self.at_path().unwrap_or(false) {
-            return problems;
+        match FileId::of_name(&self.dir, LOCK_FILE) {
+            Ok(id) if id == self.lock.id => {
+                if let Err(e) = unlinkat(&self.dir, LOCK_FILE) {
+                    problems.push(format!("{}: {e}", Shown(&self.path.join(LOCK_FILE))));
+                    return problems;
+                }
+            }
+            _ => {}
         }
-        match std::fs::remove_dir(&self.path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            // A directory the user made for us and put other things in stays.
-            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && !self.created => {}
-            Err(e) => problems.push(format!("{}: {e}", self.path.display())),
+        if self.created {
+            self.remove_dir(&mut problems);
         }
         problems
+    }
+
+    /// Removes the directory this exporter created, through its parent's
+    /// descriptor, if that still lists it under its name; otherwise says
+    /// in one line why not.
+    fn remove_dir(&self, problems: &mut Vec<String>) {
+        let shown = Shown(&self.path);
+        match FileId::of_name(&self.parent, self.name.as_os_str()) {
+            Ok(id) if id == self.id => {
+                match rustix::fs::unlinkat(&self.parent, self.name.as_os_str(), AtFlags::REMOVEDIR)
+                {
+                    Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+                    Err(rustix::io::Errno::NOTEMPTY) => tracing::warn!(
+                        probe_dir = %shown,
+                        "probe directory kept: it holds files this exporter did not create"
+                    ),
+                    Err(e) => problems.push(format!("{shown}: {e}")),
+                }
+            }
+            // Deleted with everything in it (nothing left to do), or moved
+            // away: whatever has its name now is not the exporter's.
+            _ if fstat(&self.dir).is_ok_and(|st| st.st_nlink == 0) => {}
+            Ok(_) | Err(_) => tracing::warn!(
+                probe_dir = %shown,
+                "probe directory not removed: it was moved away since it was opened"
+            ),
+        }
     }
 }
 
@@ -635,6 +1097,8 @@ enum Fill {
 
 /// Mode of every file the exporter creates: 0600.
 const PRIVATE: Mode = Mode::RUSR.union(Mode::WUSR);
+/// Mode of the probe directory it creates: 0700.
+const PRIVATE_DIR: Mode = Mode::RWXU;
 
 /// Opens `name` relative to `dir`. O_NOFOLLOW refuses a symlink in the last
 /// component, and the names are constants without '/', so nothing is ever
@@ -664,7 +1128,8 @@ pub fn raw(f: &File) -> BorrowedFd<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
+    use crate::probe::settings::PROBE_DIR_NAME;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
     #[test]
     fn creates_private_dir_and_files_and_removes_them() {
@@ -745,28 +1210,25 @@ mod tests {
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
         let victim = tmp.path().join("victim");
         std::fs::write(&victim, b"precious").unwrap();
-        std::fs::write(p.join(READ_FILE), b"stale").unwrap();
         std::os::unix::fs::symlink(&victim, p.join(WAL_FILE)).unwrap();
         let e = ProbeDir::open(&p).unwrap_err();
         assert!(matches!(e, SetupError::Symlink { .. }), "{e}");
         assert_eq!(e.label(), "ELOOP");
         assert!(e.to_string().contains("victim"), "names the target: {e}");
         assert!(p.join(WAL_FILE).is_symlink(), "left for the operator");
-        assert!(
-            p.join(READ_FILE).exists(),
-            "nothing removed before refusing"
-        );
+        assert_eq!(entries(&p), [WAL_FILE], "no lock left behind");
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
         std::fs::remove_file(p.join(WAL_FILE)).unwrap();
         let pd = ProbeDir::open(&p).unwrap();
-        assert!(!p.join(READ_FILE).exists(), "stale file removed");
         pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
             .unwrap();
-        // Shutdown unlinks a link planted after setup, not its target.
+        // A link planted after setup is not the exporter's: shutdown
+        // leaves it, and its target, where they are.
         std::fs::remove_file(p.join(WAL_FILE)).unwrap();
         std::os::unix::fs::symlink(&victim, p.join(WAL_FILE)).unwrap();
         assert!(pd.remove_all().is_empty());
-        assert!(!p.join(WAL_FILE).is_symlink());
+        assert!(p.join(WAL_FILE).is_symlink());
+        assert_eq!(entries(&p), [WAL_FILE]);
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     }
 
@@ -832,40 +1294,246 @@ mod tests {
         assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
     }
 
+    /// The names in `p`, sorted.
+    fn entries(p: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A file of someone else: content, inode and times to compare.
+    struct Planted {
+        path: PathBuf,
+        content: Vec<u8>,
+        meta: (u64, i64, i64, i64, i64),
+    }
+
+    impl Planted {
+        fn new(path: PathBuf, content: &[u8]) -> Planted {
+            std::fs::write(&path, content).unwrap();
+            let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+            std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(old)
+                .unwrap();
+            Planted {
+                meta: Planted::meta(&path),
+                path,
+                content: content.to_vec(),
+            }
+        }
+
+        fn meta(path: &Path) -> (u64, i64, i64, i64, i64) {
+            use std::os::unix::fs::MetadataExt;
+            let m = std::fs::symlink_metadata(path).unwrap();
+            (
+                m.ino(),
+                m.mtime(),
+                m.mtime_nsec(),
+                m.ctime(),
+                m.ctime_nsec(),
+            )
+        }
+
+        fn assert_untouched(&self) {
+            assert_eq!(
+                Planted::meta(&self.path),
+                self.meta,
+                "{}",
+                self.path.display()
+            );
+            assert_eq!(std::fs::read(&self.path).unwrap(), self.content);
+        }
+    }
+
+    fn admin_dir(p: &Path) {
+        std::fs::create_dir(p).unwrap();
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
+
     #[test]
     fn a_hard_link_at_the_lock_files_name_is_not_truncated() {
         let tmp = tempfile::tempdir().unwrap();
         let p = tmp.path().join("probe");
-        std::fs::create_dir(&p).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+        admin_dir(&p);
+        // Even a hard link to a lock of ours: a write would reach the
+        // other name too.
         let victim = tmp.path().join("victim");
-        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::write(&victim, b"").unwrap();
         std::fs::hard_link(&victim, p.join(LOCK_FILE)).unwrap();
+        let victim = Planted::new(victim, format!("{}\n", lock::HEADER).as_bytes());
         let e = ProbeDir::open(&p).unwrap_err();
-        assert_eq!(e.label(), "unsafe_dir", "{e}");
-        assert!(e.to_string().contains("2 links"), "{e}");
-        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(e.label(), "foreign_file", "{e}");
+        assert!(e.to_string().contains("): lock;"), "{e}");
+        victim.assert_untouched();
+        assert_eq!(entries(&p), [LOCK_FILE]);
+    }
+
+    #[test]
+    fn foreign_files_at_the_exporters_names_are_never_touched() {
+        let tmp = tempfile::tempdir().unwrap();
+        // With a lock of someone else (empty, a bare pid as older versions
+        // wrote, random bytes, too long to be ours) and without one.
+        let long = vec![b'x'; lock::MAX_LEN + 1];
+        let with_header = format!("{}\n", lock::HEADER).repeat(200);
+        for (i, lock) in [
+            Some(&b""[..]),
+            Some(b"4711\n"),
+            Some(b"\x00\xff random"),
+            Some(&long[..]),
+            Some(with_header.as_bytes()),
+            None,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let p = tmp.path().join(format!("probe{i}"));
+            admin_dir(&p);
+            let mut planted = Vec::new();
+            if let Some(content) = lock {
+                planted.push(Planted::new(p.join(LOCK_FILE), content));
+            }
+            for name in PROBE_FILES {
+                planted.push(Planted::new(p.join(name), b"someone else's"));
+            }
+            let e = ProbeDir::open(&p).unwrap_err();
+            assert_eq!(e.label(), "foreign_file", "{e}");
+            let names = match &e {
+                SetupError::Foreign { names, .. } => names.clone(),
+                e => panic!("{e}"),
+            };
+            let want: Vec<&str> = lock
+                .map(|_| LOCK_FILE)
+                .into_iter()
+                .chain(PROBE_FILES)
+                .collect();
+            assert_eq!(names, want, "{e}");
+            for f in &planted {
+                f.assert_untouched();
+            }
+            let mut want: Vec<String> = want.iter().map(|s| s.to_string()).collect();
+            want.sort();
+            assert_eq!(entries(&p), want, "nothing added, nothing removed");
+        }
+    }
+
+    #[test]
+    fn a_crashed_runs_lock_is_taken_over_with_what_it_proves() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("probe");
+        let pd = ProbeDir::open(&p).unwrap();
+        let _w = pd
+            .create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
+        let _r = pd.create_read_file(1 << 20, 0);
+        let text = std::fs::read_to_string(p.join(LOCK_FILE)).unwrap();
+        assert!(
+            text.starts_with(&format!(
+                "{}\npid {}\ndir ",
+                lock::HEADER,
+                std::process::id()
+            )),
+            "{text}"
+        );
+        assert!(text.contains("\nfile wal.probe "), "{text}");
+        drop(pd); // a crash: the files and the lock stay, its flock goes
+        // A file of someone else where the crashed run had none: refused,
+        // and nothing of the crashed run's removed before refusing.
+        let sweep = Planted::new(p.join(SWEEP_FILE), b"not ours");
+        let pd = ProbeDir::open_locked(&p).unwrap();
+        let e = pd.remove_stale().unwrap_err();
+        assert!(
+            matches!(&e, SetupError::Foreign { names, .. } if names == &[SWEEP_FILE]),
+            "{e}"
+        );
+        assert!(p.join(WAL_FILE).exists());
+        sweep.assert_untouched();
+        // The lock now says this process, and still proves the crashed
+        // run's files.
+        let text = std::fs::read_to_string(p.join(LOCK_FILE)).unwrap();
+        assert!(
+            text.contains(&format!("\npid {}\n", std::process::id())),
+            "{text}"
+        );
+        assert!(text.contains("\nfile wal.probe "), "{text}");
+        // Shutdown removes what is provably its own (the crashed run's
+        // files and directory included), and only that.
+        assert!(pd.remove_all().is_empty());
+        assert_eq!(entries(&p), [SWEEP_FILE]);
+        sweep.assert_untouched();
+        // Crashed with nothing in the way: the files go at start, and the
+        // directory the crashed run created at shutdown.
+        let p = tmp.path().join("probe2");
+        let pd = ProbeDir::open(&p).unwrap();
+        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
+        drop(pd);
+        let pd = ProbeDir::open(&p).unwrap();
+        assert_eq!(entries(&p), [LOCK_FILE]);
+        assert!(pd.remove_all().is_empty());
+        assert!(!p.exists(), "a directory a crashed run created is removed");
+    }
+
+    #[test]
+    fn a_file_renamed_over_a_probe_file_is_not_removed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("probe");
+        let pd = ProbeDir::open(&p).unwrap();
+        let _w = pd
+            .create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+            .unwrap();
+        let other = Planted::new(tmp.path().join("other"), b"someone else's");
+        std::fs::rename(&other.path, p.join(WAL_FILE)).unwrap();
+        let other = Planted::new(p.join(WAL_FILE), &other.content);
+        // A new setup refuses it, shutdown leaves it.
+        let e = pd.clear().unwrap_err();
+        assert_eq!(e.label(), "foreign_file", "{e}");
+        let e = pd.create_sweep_file(1 << 20, 0).map(|_| ());
+        assert!(
+            e.is_ok() || e.as_ref().is_err_and(|e| e.label() == "no_direct_io"),
+            "{e:?}"
+        );
+        assert!(pd.remove_all().is_empty());
+        other.assert_untouched();
+        assert_eq!(entries(&p), [WAL_FILE], "the directory stays with it");
     }
 
     #[test]
     fn an_administrators_probe_dir_is_kept_ours_is_removed() {
         let tmp = tempfile::tempdir().unwrap();
-        let admin = tmp.path().join("made-by-admin");
-        std::fs::create_dir(&admin).unwrap();
-        std::fs::set_permissions(&admin, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let pd = ProbeDir::open(&admin).unwrap();
-        pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
-            .unwrap();
+        // Made by someone else, even under the exporter's default name.
+        for name in ["made-by-admin", PROBE_DIR_NAME] {
+            let admin = tmp.path().join(name);
+            admin_dir(&admin);
+            let pd = ProbeDir::open(&admin).unwrap();
+            pd.create_wal_file(1 << 20, SyncMethod::Fdatasync, 0)
+                .unwrap();
+            assert!(pd.remove_all().is_empty());
+            assert!(admin.is_dir(), "kept");
+            assert_eq!(std::fs::read_dir(&admin).unwrap().count(), 0, "but emptied");
+        }
+        let ours = tmp.path().join("ours");
+        let pd = ProbeDir::open(&ours).unwrap();
         assert!(pd.remove_all().is_empty());
-        assert!(admin.is_dir(), "kept");
-        assert_eq!(std::fs::read_dir(&admin).unwrap().count(), 0, "but emptied");
+        assert!(!ours.exists());
+    }
 
-        let leftover = tmp.path().join(PROBE_DIR_NAME);
-        std::fs::create_dir(&leftover).unwrap();
-        std::fs::set_permissions(&leftover, std::fs::Permissions::from_mode(0o700)).unwrap();
-        let pd = ProbeDir::open(&leftover).unwrap();
-        assert!(pd.remove_all().is_empty());
-        assert!(!leftover.exists(), "an earlier run's directory is removed");
+    #[test]
+    fn a_nul_byte_in_the_path_is_refused_before_any_call_and_shown_escaped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = PathBuf::from(format!("{}/a\0b", tmp.path().display()));
+        let e = ProbeDir::open(&p).unwrap_err();
+        assert_eq!(e.label(), "unsafe_dir");
+        assert!(
+            e.to_string().contains("/a\\0b: path contains a NUL byte"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod counts;
 pub mod engine;
 pub mod files;
 pub mod fsinfo;
+pub mod lock;
 pub mod placement;
 pub mod runner;
 pub mod set;

@@ -206,7 +206,7 @@ fn remove_files(v: &VolumeState) {
     if let Some(dir) = v.probe_dir() {
         let problems = dir.remove_all();
         if problems.is_empty() {
-            tracing::info!(volume = %v.name, probe_dir = %dir.path().display(), "removed probe files");
+            tracing::info!(volume = %v.name, probe_dir = %crate::types::Shown(dir.path()), "removed probe files");
         }
         for p in problems {
             tracing::error!(volume = %v.name, problem = %p, "could not remove probe file");

@@ -321,7 +321,7 @@ pub fn run_in(
     stop: &dyn Fn() -> bool,
     no_file: impl FnOnce(SetupError),
 ) -> Result<Vec<Table>, String> {
-    let sweep_file = dir
+    let mut sweep_file = dir
         .create_sweep_file(SWEEP_FILE_SIZE, reserve)
         .map_err(no_file)
         .ok();
@@ -337,8 +337,11 @@ pub fn run_in(
         duration,
         stop,
     );
-    drop(sweep_file);
-    dir.remove_sweep_file();
+    // Only a file this sweep made is removed: one it could not make
+    // because something else has the name stays.
+    if sweep_file.take().is_some() {
+        dir.remove_sweep_file();
+    }
     result
 }
 

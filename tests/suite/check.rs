@@ -250,6 +250,59 @@ fn unwritable_directory_says_permission_denied_once_with_the_path() {
     assert_eq!(dir_entries(&ro), Vec::<String>::new());
 }
 
+/// A `--probe-dir` that already holds files with the probe directory's
+/// names, not created by check (with and without a `lock` among them): check
+/// exits with an error naming them, and their content, inode and times
+/// are unchanged; nothing else is left behind.
+#[test]
+fn foreign_files_in_the_probe_dir_are_refused_and_left_untouched() {
+    use std::os::unix::fs::PermissionsExt;
+    let all = ["lock", "wal.probe", "read.probe", "sweep.probe"];
+    for names in [&all[..], &all[1..]] {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("probe");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        let planted: Vec<common::Victim> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| common::Victim::random(d.join(n), 1000 + 4096 * i))
+            .collect();
+        let (code, _, err) = check(dir.path(), &["--probe-dir", d.to_str().unwrap()]);
+        for p in &planted {
+            p.assert_untouched(&format!("after check; stderr:\n{err}"));
+        }
+        assert_eq!(code, 1, "{err}");
+        assert!(err.contains("did not create"), "{err}");
+        for n in names {
+            assert!(err.contains(n), "{n} named: {err}");
+        }
+        let mut want: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(dir_entries(&d), want, "{err}");
+        assert_eq!(dir_entries(dir.path()), ["probe"]);
+    }
+}
+
+/// A symlink planted at a probe file's name in `--probe-dir`: refused
+/// without following it, and check's own lock is not left behind.
+#[test]
+fn a_refused_symlink_leaves_no_lock_behind() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("probe");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let victim = common::Victim::precious(dir.path().join("victim"));
+    std::os::unix::fs::symlink(&victim.path, d.join("wal.probe")).unwrap();
+    let (code, _, err) = check(dir.path(), &["--probe-dir", d.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("wal.probe is a symlink to"), "{err}");
+    assert_eq!(dir_entries(&d), ["wal.probe"], "{err}");
+    assert!(d.join("wal.probe").is_symlink());
+    victim.assert_untouched("after check");
+}
+
 #[test]
 fn sigint_ends_a_long_check_early_and_cleans_up() {
     let dir = tempfile::tempdir().unwrap();

@@ -340,14 +340,21 @@ fn probe_files_exist_while_running_and_are_gone_after_sigterm_and_sigint() {
 
 #[test]
 fn stale_probe_files_of_a_crashed_run_are_removed_at_start() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let probe_dir = dir.path().join("pg-storage-exporter-probe");
-    std::fs::create_dir(&probe_dir).unwrap();
-    std::fs::set_permissions(&probe_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
-    std::fs::write(probe_dir.join("wal.probe"), b"left by a crash").unwrap();
-    std::fs::write(probe_dir.join("read.probe"), b"left by a crash").unwrap();
-    let ex = start_fast(dir.path(), &[]);
+    // A real crash: SIGKILL leaves the files, the directory and the lock
+    // that records them.
+    let mut crashed = start_fast(dir.path(), &[]);
+    crashed.wait_for("a commit probe", Duration::from_secs(30), |m| {
+        count(m, "t", "commit") >= 1.0
+    });
+    crashed.signal(libc::SIGKILL);
+    crashed.wait_exit(Duration::from_secs(15));
+    assert_eq!(
+        dir_entries(&probe_dir),
+        vec!["lock", "read.probe", "wal.probe"]
+    );
+    let mut ex = start_fast(dir.path(), &[]);
     ex.wait_for("a commit probe", Duration::from_secs(30), |m| {
         count(m, "t", "commit") >= 1.0
     });
@@ -358,6 +365,10 @@ fn stale_probe_files_of_a_crashed_run_are_removed_at_start() {
             .len(),
         16 << 20
     );
+    // The directory the crashed run created is this run's to remove.
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(Duration::from_secs(15)).success());
+    assert_eq!(dir_entries(dir.path()), Vec::<String>::new());
 }
 
 #[test]

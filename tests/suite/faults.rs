@@ -34,18 +34,24 @@ fn config(dir: &Path, vol: &Path) -> std::path::PathBuf {
     cfg
 }
 
-fn stop_clean(mut ex: Exporter, vol: &Path) {
+fn stop_clean(ex: Exporter, vol: &Path) {
+    stop(ex);
+    assert!(
+        !vol.join("pg-storage-exporter-probe").exists(),
+        "left behind: {:?}",
+        dir_entries(&vol.join("pg-storage-exporter-probe"))
+    );
+}
+
+/// SIGTERM, a clean exit; returns the log.
+fn stop(mut ex: Exporter) -> String {
     ex.signal(libc::SIGTERM);
     assert!(
         ex.wait_exit(Duration::from_secs(15)).success(),
         "{}",
         ex.log()
     );
-    assert!(
-        !vol.join("pg-storage-exporter-probe").exists(),
-        "left behind: {:?}",
-        dir_entries(&vol.join("pg-storage-exporter-probe"))
-    );
+    ex.log()
 }
 
 #[test]
@@ -267,57 +273,6 @@ fn probe_directory_deleted_mid_run() {
     assert_eq!(dir_entries(&vol), Vec::<String>::new());
 }
 
-/// A file outside the probe directory that a followed symlink would let
-/// the exporter write to, with everything a write, truncation or chmod
-/// through the link would change.
-struct Victim {
-    path: std::path::PathBuf,
-    content: Vec<u8>,
-    mtime: std::time::SystemTime,
-    ctime: (i64, i64),
-}
-
-impl Victim {
-    fn new(path: std::path::PathBuf) -> Victim {
-        use std::os::unix::fs::MetadataExt;
-        let content = b"precious: not a probe file\n".repeat(400);
-        std::fs::write(&path, &content).unwrap();
-        // An old mtime, so a write through the link could not go unseen
-        // within the clock's resolution.
-        let old = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
-        std::fs::File::options()
-            .write(true)
-            .open(&path)
-            .unwrap()
-            .set_modified(old)
-            .unwrap();
-        let m = std::fs::symlink_metadata(&path).unwrap();
-        Victim {
-            mtime: m.modified().unwrap(),
-            ctime: (m.ctime(), m.ctime_nsec()),
-            path,
-            content,
-        }
-    }
-
-    fn assert_untouched(&self, when: &str) {
-        use std::os::unix::fs::MetadataExt;
-        let m = std::fs::symlink_metadata(&self.path)
-            .unwrap_or_else(|e| panic!("{when}: the victim {} is gone: {e}", self.path.display()));
-        assert!(m.file_type().is_file(), "{when}: victim still a file");
-        assert_eq!(m.modified().unwrap(), self.mtime, "{when}: victim mtime");
-        assert_eq!(
-            (m.ctime(), m.ctime_nsec()),
-            self.ctime,
-            "{when}: victim ctime"
-        );
-        assert!(
-            std::fs::read(&self.path).unwrap() == self.content,
-            "{when}: victim content"
-        );
-    }
-}
-
 /// Row: a symlink planted at a probe file's name before the exporter
 /// starts. Setup refuses it (ELOOP) without following or removing it, and
 /// goes ahead once an operator removes it.
@@ -328,7 +283,7 @@ fn symlink_planted_before_start_is_refused_never_followed() {
     let probe = vol.join("pg-storage-exporter-probe");
     std::fs::create_dir_all(&probe).unwrap();
     std::fs::set_permissions(&probe, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let victim = Victim::new(tmp.path().join("victim"));
+    let victim = Victim::precious(tmp.path().join("victim"));
     std::os::unix::fs::symlink(&victim.path, probe.join("wal.probe")).unwrap();
     let ex = Exporter::start(&["--config.file", config(tmp.path(), &vol).to_str().unwrap()]);
     let m = ex.wait_for("an ELOOP setup error", Duration::from_secs(20), |m| {
@@ -356,8 +311,11 @@ fn symlink_planted_before_start_is_refused_never_followed() {
             .is_file()
     );
     victim.assert_untouched("while probing");
-    stop_clean(ex, &vol);
-    assert_eq!(dir_entries(&vol), Vec::<String>::new());
+    stop(ex);
+    // The directory the test made (under the exporter's default name) is
+    // not the exporter's to remove: emptied of its own files, it stays.
+    assert_eq!(dir_entries(&probe), Vec::<String>::new());
+    assert_eq!(dir_entries(&vol), ["pg-storage-exporter-probe"]);
     assert_eq!(dir_entries(tmp.path()), ["c.toml", "victim", "vol"]);
     victim.assert_untouched("after SIGTERM");
 }
@@ -374,7 +332,7 @@ fn probe_file_replaced_by_symlink_mid_run() {
     let vol = tmp.path().join("vol");
     std::fs::create_dir(&vol).unwrap();
     let probe = vol.join("pg-storage-exporter-probe");
-    let victim = Victim::new(tmp.path().join("victim"));
+    let victim = Victim::precious(tmp.path().join("victim"));
     let ex = Exporter::start(&["--config.file", config(tmp.path(), &vol).to_str().unwrap()]);
     ex.wait_for("probes", Duration::from_secs(20), |m| {
         count(m, "t", "commit") >= 2.0
@@ -430,9 +388,18 @@ fn probe_file_replaced_by_symlink_mid_run() {
     );
     victim.assert_untouched("while probing again");
 
+    // A link renamed over a probe file right before SIGTERM is not the
+    // exporter's: left in place (said in the log), its target untouched,
+    // and the directory stays with it.
     plant("read.probe");
-    stop_clean(ex, &vol);
-    assert_eq!(dir_entries(&vol), Vec::<String>::new());
+    let log = stop(ex);
+    assert!(
+        log.contains("left in place: files this exporter did not create")
+            && log.contains("files=read.probe"),
+        "{log}"
+    );
+    assert_eq!(dir_entries(&probe), ["read.probe"]);
+    assert!(probe.join("read.probe").is_symlink());
     assert_eq!(dir_entries(tmp.path()), ["c.toml", "victim", "vol"]);
     victim.assert_untouched("after SIGTERM");
 }
@@ -568,4 +535,135 @@ fn filesystem_turned_read_only_by_an_error_mid_run() {
     });
     stop_clean(ex, &lv.mnt);
     assert_eq!(dir_entries(&lv.mnt), vec!["lost+found".to_string()]);
+}
+
+/// The names the exporter uses in a probe directory.
+const PROBE_DIR_NAMES: [&str; 4] = ["lock", "wal.probe", "read.probe", "sweep.probe"];
+
+/// Row: a configured probe directory that already holds files with the
+/// exporter's names, not created by it (an administrator's directory with
+/// a `lock` of its own, files of another program). Volume `a`'s directory
+/// holds all four names, volume `b`'s the three probe names without a
+/// lock. Nothing of them is opened for writing, truncated or removed: each
+/// setup attempt (the first and the retry 5 s later) is refused and counted,
+/// the log names the files, and after SIGTERM nothing but them is left.
+#[test]
+fn foreign_files_in_a_configured_probe_dir_are_left_untouched() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let vol = tmp.path().join("vol");
+    std::fs::create_dir(&vol).unwrap();
+    let mut planted = Vec::new();
+    for (d, names) in [("a", &PROBE_DIR_NAMES[..]), ("b", &PROBE_DIR_NAMES[1..])] {
+        let dir = vol.join(d);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        for (i, n) in names.iter().enumerate() {
+            planted.push(Victim::random(dir.join(n), 1000 + 4096 * i));
+        }
+    }
+    let cfg = tmp.path().join("c.toml");
+    let volume = |name: &str| {
+        format!(
+            "[[volume]]\nname = \"{name}\"\npath = \"{}\"\nprobe_dir = \"{}\"\ninterval = \"100ms\"\n\
+             read_file_size = \"4MiB\"\nfree_space_reserve = \"1MiB\"\n",
+            vol.display(),
+            vol.join(name).display()
+        )
+    };
+    std::fs::write(&cfg, volume("a") + &volume("b")).unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    let foreign = |m: &str, v: &str| {
+        sample(
+            m,
+            &format!(
+                "pgstorage_probe_errors_total{{volume=\"{v}\",op=\"setup\",error=\"foreign_file\"}}"
+            ),
+        )
+        .unwrap_or(0.0)
+    };
+    // Two attempts each (the retry comes 5 s after the first), or any
+    // probe at all: probing would mean the files were taken over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let m = loop {
+        let m = ex.metrics();
+        let probed = count(&m, "a", "commit") + count(&m, "b", "commit") > 0.0;
+        if probed
+            || (foreign(&m, "a") >= 2.0 && foreign(&m, "b") >= 2.0)
+            || std::time::Instant::now() > deadline
+        {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = stop(ex);
+    for p in &planted {
+        p.assert_untouched(&format!(
+            "after two setup attempts and SIGTERM; log:\n{log}"
+        ));
+    }
+    assert_eq!(dir_entries(&vol.join("a")), sorted(&PROBE_DIR_NAMES));
+    assert_eq!(dir_entries(&vol.join("b")), sorted(&PROBE_DIR_NAMES[1..]));
+    assert_eq!(dir_entries(&vol), ["a", "b"]);
+    assert_eq!(count(&m, "a", "commit") + count(&m, "b", "commit"), 0.0);
+    assert!(foreign(&m, "a") >= 2.0 && foreign(&m, "b") >= 2.0, "{m}");
+    let line = |v: &str| {
+        log.lines()
+            .find(|l| {
+                l.contains("cannot set up probe files") && l.contains(&format!("volume={v} "))
+            })
+            .unwrap_or_else(|| panic!("no setup error for {v}:\n{log}"))
+            .to_string()
+    };
+    eprintln!(
+        "foreign_file setup errors: a {}, b {}",
+        foreign(&m, "a"),
+        foreign(&m, "b")
+    );
+    let a = line("a");
+    for n in PROBE_DIR_NAMES {
+        assert!(a.contains(n), "{n} named: {a}");
+    }
+    assert!(a.contains("did not create"), "{a}");
+    let b = line("b");
+    for n in &PROBE_DIR_NAMES[1..] {
+        assert!(b.contains(n), "{n} named: {b}");
+    }
+    eprintln!("{a}\n{b}");
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    v.sort();
+    v
+}
+
+/// Row: the volume lazily unmounted (`umount -l`) under a running
+/// exporter. Its path now names the empty mount point, but the exporter's
+/// descriptors still reach the detached filesystem: at exit it removes its
+/// files and its own directory there, so the next mount of the volume
+/// shows nothing of it.
+#[test]
+fn lazily_unmounted_volume_keeps_no_probe_directory() {
+    if !loopdev::can_run("the lazy-unmount test", false) {
+        return;
+    }
+    let lv = loopdev::LoopVolume::new(64 << 20, false);
+    let mnt = lv.mnt.to_str().unwrap().to_string();
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = config(tmp.path(), &lv.mnt);
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("probes", Duration::from_secs(20), |m| {
+        count(m, "t", "commit") >= 2.0 && count(m, "t", "read") >= 2.0
+    });
+    sh("umount", &["-l", &mnt]);
+    assert_eq!(dir_entries(&lv.mnt), Vec::<String>::new(), "detached");
+    let log = stop(ex);
+    sh("mount", &[&lv.dev, &mnt]);
+    assert_eq!(
+        dir_entries(&lv.mnt),
+        ["lost+found"],
+        "left on the volume; log:\n{log}"
+    );
+    assert!(!log.contains("could not remove"), "{log}");
 }

@@ -216,6 +216,76 @@ impl Drop for Exporter {
     }
 }
 
+/// A file the exporter did not create (a victim a followed symlink would
+/// lead to, or a file planted at a name the exporter uses), with everything
+/// a write, truncation, chmod, rename or removal would change.
+pub struct Victim {
+    pub path: PathBuf,
+    content: Vec<u8>,
+    mtime: std::time::SystemTime,
+    ctime: (i64, i64),
+    ino: u64,
+}
+
+impl Victim {
+    /// A victim outside the probe directory with recognisable content.
+    pub fn precious(path: PathBuf) -> Victim {
+        Victim::new(path, b"precious: not a probe file\n".repeat(400))
+    }
+
+    /// `len` random bytes (from the kernel's generator), so that nothing
+    /// can pass for the exporter's own content by chance.
+    pub fn random(path: PathBuf, len: usize) -> Victim {
+        let mut content = vec![0u8; len];
+        std::fs::File::open("/dev/urandom")
+            .unwrap()
+            .read_exact(&mut content)
+            .unwrap();
+        Victim::new(path, content)
+    }
+
+    pub fn new(path: PathBuf, content: Vec<u8>) -> Victim {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::write(&path, &content).unwrap();
+        // An old mtime, so a write could not go unseen within the clock's
+        // resolution.
+        let old = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+        std::fs::File::options()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        Victim {
+            mtime: m.modified().unwrap(),
+            ctime: (m.ctime(), m.ctime_nsec()),
+            ino: m.ino(),
+            path,
+            content,
+        }
+    }
+
+    pub fn assert_untouched(&self, when: &str) {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(&self.path)
+            .unwrap_or_else(|e| panic!("{when}: {} is gone: {e}", self.path.display()));
+        let name = self.path.display();
+        assert!(m.file_type().is_file(), "{when}: {name} still a file");
+        assert_eq!(m.ino(), self.ino, "{when}: {name} is the same inode");
+        assert_eq!(m.modified().unwrap(), self.mtime, "{when}: {name} mtime");
+        assert_eq!(
+            (m.ctime(), m.ctime_nsec()),
+            self.ctime,
+            "{when}: {name} ctime"
+        );
+        assert!(
+            std::fs::read(&self.path).unwrap() == self.content,
+            "{when}: {name} content"
+        );
+    }
+}
+
 /// Minimal HTTP/1.0 GET: (status, content-type, body).
 pub fn http_get(addr: SocketAddr, path: &str, accept: Option<&str>) -> (u16, String, String) {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connect");

@@ -20,7 +20,7 @@ use crate::probe::settings::{
     BURST_READS, Knob, MAX_WINDOW_SAMPLES, PROBE_DIR_NAME, ProbeSettings, VolumeSpec,
     window_samples,
 };
-use crate::types::{Collector, Collectors, EngineChoice, Resource, SyncMethod};
+use crate::types::{Collector, Collectors, EngineChoice, Resource, Shown, SyncMethod};
 use raw::{RawConfig, RawVolume, RawVolumeDefaults, Sp};
 
 /// Where the exporter probes when given no volume at all: /var/tmp is on
@@ -268,6 +268,8 @@ pub fn build(
         message,
     };
 
+    paths_without_nul(&raw, &at)?;
+
     let top = |v: &Option<Sp<crate::units::HumanDuration>>, knob: Knob, default: Duration| match v {
         Some(x) => knob
             .check_written(x.get_ref().0)
@@ -469,6 +471,53 @@ pub fn validate_cluster_name(name: &str) -> Result<(), String> {
         return Err(format!(
             "invalid cluster name {name:?}: character {c:?} not allowed (use letters, digits, _ - .)"
         ));
+    }
+    Ok(())
+}
+
+/// Refuses a path holding a NUL byte (TOML's `\u0000`), naming its key and
+/// showing the byte escaped: no file name can hold one (a system call would
+/// cut the path there), and written raw it would reach a terminal or log.
+fn paths_without_nul(
+    raw: &RawConfig,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<(), ConfigError> {
+    let top = [
+        ("cgroup_root", &raw.cgroup_root),
+        ("proc_root", &raw.proc_root),
+        ("sys_root", &raw.sys_root),
+        ("host_root", &raw.host_root),
+    ]
+    .into_iter()
+    .map(|(k, p)| (k.to_string(), p));
+    let volumes = raw.volume.iter().enumerate().flat_map(|(i, v)| {
+        [
+            (format!("volume[{i}].path"), Some(&v.path)),
+            (format!("volume[{i}].probe_dir"), v.probe_dir.as_ref()),
+        ]
+    });
+    let clusters = raw.cluster.iter().enumerate().map(|(i, c)| {
+        (
+            format!("cluster[{i}].password_file"),
+            c.password_file.as_ref(),
+        )
+    });
+    for (key, p) in top
+        .map(|(k, p)| (k, p.as_ref()))
+        .chain(volumes)
+        .chain(clusters)
+    {
+        let Some(p) = p else { continue };
+        if p.get_ref().as_os_str().as_encoded_bytes().contains(&0) {
+            return Err(ConfigError::Invalid {
+                origin: at(Some(p.span())),
+                key,
+                message: format!(
+                    "the path {} contains a NUL byte (shown as \\0), which no file name can hold",
+                    Shown(p.get_ref())
+                ),
+            });
+        }
     }
     Ok(())
 }

@@ -127,6 +127,25 @@ fn error_messages_table() {
             ),
             vec![&missing_password_file],
         ),
+        // A NUL byte (TOML's \u0000) in any path: its key named, the byte
+        // shown escaped.
+        (
+            vol("probe_dir = \"/srv/pr\\u0000be\""),
+            vec![":4: volume[0].probe_dir: the path /srv/pr\\0be contains a NUL byte"],
+        ),
+        (
+            "[[volume]]\nname = \"v\"\npath = \"/srv/v\\u0000\"\n".to_string(),
+            vec![":3: volume[0].path: the path /srv/v\\0 contains a NUL byte"],
+        ),
+        (
+            "host_root = \"/h\\u0000\"\n".to_string(),
+            vec![":1: host_root: the path /h\\0 contains a NUL byte"],
+        ),
+        (
+            "[[cluster]]\nname = \"m\"\ndsn = \"host=/run/postgresql\"\npassword_file = \"/p\\u0000w\"\n"
+                .to_string(),
+            vec![":4: cluster[0].password_file: the path /p\\0w contains a NUL byte"],
+        ),
     ];
     for (text, wants) in cases {
         let e = parse_str(&text).map(|_| ()).unwrap_err().to_string();

@@ -625,6 +625,52 @@ fn misspelt_config_key_exits_before_binding_with_key_and_line() {
     assert_eq!(dir_entries(dir.path()), vec!["c.toml"], "nothing created");
 }
 
+/// A NUL byte in a configured path (TOML's `\u0000`) is refused at start
+/// with the key named, the byte shown escaped, never written raw to the log.
+#[test]
+fn a_nul_byte_in_a_path_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().display();
+    for (line, key) in [
+        (
+            format!("path = \"{d}\"\nprobe_dir = \"{d}/pr\\u0000be\"\n"),
+            "volume[0].probe_dir",
+        ),
+        (format!("path = \"{d}/v\\u0000l\"\n"), "volume[0].path"),
+    ] {
+        let cfg = dir.path().join("c.toml");
+        std::fs::write(&cfg, format!("[[volume]]\nname = \"t\"\n{line}")).unwrap();
+        let mut child = std::process::Command::new(BIN)
+            .args(["--config.file", cfg.to_str().unwrap()])
+            .args(["--web.listen-address", "127.0.0.1:0"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut err = Vec::new();
+        std::io::Read::read_to_end(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        let text = String::from_utf8_lossy(&err);
+        assert!(!err.contains(&0), "a raw NUL byte in: {:?}", text);
+        assert_eq!(status.and_then(|s| s.code()), Some(2), "{key}: {text}");
+        assert!(text.contains(&format!("{key}: ")), "{text}");
+        assert!(text.contains("NUL"), "{text}");
+        assert!(text.contains("\\0"), "the byte shown escaped: {text}");
+        assert_eq!(dir_entries(dir.path()), vec!["c.toml"], "nothing created");
+    }
+}
+
 #[test]
 fn bad_flags_are_refused() {
     for (args, want) in [

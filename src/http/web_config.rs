@@ -338,6 +338,13 @@ fn parse_tls(node: &Node) -> anyhow::Result<Option<TlsFile>> {
 fn file_name(key: &str, value: &Node) -> anyhow::Result<Option<String>> {
     match value {
         Node::Null => Ok(None),
+        // YAML's "\0": no file name can hold the byte, and an error naming
+        // the path raw would hand it to the terminal or the log.
+        Node::String(s) if s.contains('\0') => bail!(
+            "tls_server_config.{key}: the path {} contains a NUL byte (shown as \\0), which no \
+             file name can hold",
+            crate::types::Shown(Path::new(s))
+        ),
         Node::String(s) => Ok(Some(s.clone())),
         other => bail!(
             "tls_server_config.{key}: expected a file name (a string), found {}",
@@ -787,6 +794,13 @@ mod tests {
         );
         let e = err("tls_server_config:\n  key_file: k\n");
         assert!(e.contains("tls_server_config.cert_file: missing"), "{e}");
+        // A NUL byte (YAML's "\0") is refused with the key, shown escaped.
+        let e = err("tls_server_config:\n  cert_file: \"/c\\0rt\"\n  key_file: k\n");
+        assert!(
+            e.contains("tls_server_config.cert_file: the path /c\\0rt contains a NUL byte"),
+            "{e}"
+        );
+        assert!(!e.contains('\0'), "{e:?}");
         // Accepted: what the toolkit's default says is what this exporter does.
         let e = err("tls_server_config:\n  client_auth_type: NoClientCert\n");
         assert!(e.contains("tls_server_config.cert_file: missing"), "{e}");

@@ -625,24 +625,44 @@ fn misspelt_config_key_exits_before_binding_with_key_and_line() {
     assert_eq!(dir_entries(dir.path()), vec!["c.toml"], "nothing created");
 }
 
-/// A NUL byte in a configured path (TOML's `\u0000`) is refused at start
-/// with the key named, the byte shown escaped, never written raw to the log.
+/// A NUL byte in a configured path (TOML's `\u0000`, YAML's `\0` in the
+/// web configuration) is refused at start with the key named, the byte
+/// shown escaped, never written raw to the terminal or the log.
 #[test]
 fn a_nul_byte_in_a_path_is_refused_naming_the_key() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().display();
-    for (line, key) in [
+    let web = "tls_server_config:\n  cert_file: \"/etc/c\\0rt.pem\"\n  key_file: k.pem\n";
+    for (line, web, key) in [
         (
             format!("path = \"{d}\"\nprobe_dir = \"{d}/pr\\u0000be\"\n"),
+            None,
             "volume[0].probe_dir",
         ),
-        (format!("path = \"{d}/v\\u0000l\"\n"), "volume[0].path"),
+        (
+            format!("path = \"{d}/v\\u0000l\"\n"),
+            None,
+            "volume[0].path",
+        ),
+        (
+            format!("path = \"{d}\"\n"),
+            Some(web),
+            "tls_server_config.cert_file",
+        ),
     ] {
         let cfg = dir.path().join("c.toml");
         std::fs::write(&cfg, format!("[[volume]]\nname = \"t\"\n{line}")).unwrap();
-        let mut child = std::process::Command::new(BIN)
-            .args(["--config.file", cfg.to_str().unwrap()])
-            .args(["--web.listen-address", "127.0.0.1:0"])
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.args(["--config.file", cfg.to_str().unwrap()])
+            .args(["--web.listen-address", "127.0.0.1:0"]);
+        let mut want_files = vec!["c.toml"];
+        if let Some(web) = web {
+            let w = dir.path().join("web.yml");
+            std::fs::write(&w, web).unwrap();
+            cmd.args(["--web.config.file", w.to_str().unwrap()]);
+            want_files.push("web.yml");
+        }
+        let mut child = cmd
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -662,12 +682,12 @@ fn a_nul_byte_in_a_path_is_refused_naming_the_key() {
         let mut err = Vec::new();
         std::io::Read::read_to_end(&mut child.stderr.take().unwrap(), &mut err).unwrap();
         let text = String::from_utf8_lossy(&err);
-        assert!(!err.contains(&0), "a raw NUL byte in: {:?}", text);
+        assert!(!err.contains(&0), "{key}: a raw NUL byte in: {text:?}");
         assert_eq!(status.and_then(|s| s.code()), Some(2), "{key}: {text}");
         assert!(text.contains(&format!("{key}: ")), "{text}");
         assert!(text.contains("NUL"), "{text}");
         assert!(text.contains("\\0"), "the byte shown escaped: {text}");
-        assert_eq!(dir_entries(dir.path()), vec!["c.toml"], "nothing created");
+        assert_eq!(dir_entries(dir.path()), want_files, "nothing created");
     }
 }
 

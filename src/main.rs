@@ -154,16 +154,11 @@ fn run_daemon(cli: Cli) -> ExitCode {
         busy_every: cli.busy_every,
         read_file_size: cli.read_file_size,
         free_space_reserve: cli.free_space_reserve,
-        pg_dsns: {
-            let mut d = cli.pg_dsns.clone();
-            // postgres_exporter's convention, so existing deployments carry over.
-            if let Ok(env) = std::env::var("DATA_SOURCE_NAME")
-                && !env.trim().is_empty()
-            {
-                d.push(env);
-            }
-            d
-        },
+        pg_dsns: cli.pg_dsns.clone(),
+        // postgres_exporter's convention, so existing deployments carry over.
+        data_source_name: std::env::var("DATA_SOURCE_NAME")
+            .ok()
+            .filter(|v| !v.trim().is_empty()),
         pg_scrape_interval: Some(cli.pg_scrape_interval),
         pg_no_discovery: cli.no_pg_discovery,
         collectors: cli.collectors,

@@ -43,6 +43,18 @@ fn main() -> ExitCode {
                 eprintln!("pg-storage-exporter check: --sweep {d:?}: out of range, use 1s to 5m");
                 return ExitCode::from(2);
             }
+            // A DSN that does not parse is an invalid flag: said before
+            // any probe runs, not after.
+            if let Some(dsn) = &a.pg_dsn
+                && let Err(e) = pg_storage_exporter::postgres::dsn::target(
+                    dsn,
+                    &|k| std::env::var(k).ok(),
+                    None,
+                )
+            {
+                eprintln!("pg-storage-exporter check: --pg.dsn: {e}");
+                return ExitCode::from(2);
+            }
             // The cluster's findings, from a read-only session: the check
             // module itself never talks to PostgreSQL.
             let cluster_audit = |r: &mut check::AuditReport| -> anyhow::Result<()> {

@@ -1027,8 +1027,8 @@ const DSN_SECRETS: &[(&str, &str, Secret)] = &[
         Secret::Refused("which follows the unquoted value of \"password\""),
     ),
     (
-        "postgresql://r02:PWMARK02@x@127.0.0.1:PORT/postgres",
-        "PWMARK02@x",
+        "postgresql://r02:PWMARK02@Zebra02@127.0.0.1:PORT/postgres",
+        "PWMARK02@Zebra02",
         Secret::Refused("a second \"@\" before its first \"/\""),
     ),
     (
@@ -1212,18 +1212,21 @@ fn fragments(password: &str) -> Vec<String> {
     out
 }
 
-/// Every fragment of a password of [`DSN_SECRETS`] that `text` shows,
-/// with the line it is on.
+/// Each line of `text` that shows a fragment of a password of
+/// [`DSN_SECRETS`], with the fragments it shows.
 fn shown_secrets(what: &str, text: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for (_, password, _) in DSN_SECRETS {
-        for f in fragments(password) {
-            if let Some(line) = text.lines().find(|l| l.contains(&f)) {
-                found.push(format!("{what}: {f:?} in: {line}"));
-            }
-        }
-    }
-    found
+    let mut all: Vec<String> = DSN_SECRETS
+        .iter()
+        .flat_map(|(_, password, _)| fragments(password))
+        .collect();
+    all.sort();
+    all.dedup();
+    text.lines()
+        .filter_map(|line| {
+            let shown: Vec<&String> = all.iter().filter(|f| line.contains(f.as_str())).collect();
+            (!shown.is_empty()).then(|| format!("{what}: {shown:?} in: {line}"))
+        })
+        .collect()
 }
 
 /// Runs a command for at most `within` (killed then), returning its exit

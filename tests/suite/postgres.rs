@@ -1489,7 +1489,17 @@ fn an_at_sign_in_a_url_password_as_libpq_reads_it() {
     let pg15 = PgKind::V15.bin_dir().join("psql");
     type Psql<'a> = Box<dyn Fn() -> Command + 'a>;
     let mut psqls: Vec<(&str, Psql)> = vec![("18", Box::new(|| pg.command("psql")))];
-    if pg15.exists() {
+    if !pg15.exists() {
+        let test = std::thread::current()
+            .name()
+            .unwrap_or("a test")
+            .to_string();
+        cannot_run(
+            Part::Postgres,
+            &test,
+            "PostgreSQL 15's psql is not installed",
+        );
+    } else {
         psqls.push((
             "15",
             Box::new(|| {

@@ -1377,7 +1377,7 @@ fn every_case_agrees_with_libpq_or_is_a_listed_exception() {
         exceptions.len(),
     );
     // A new exception is a decision: list it where DSNs are documented
-    // (docs/design.md, "Connection strings").
+    // (docs/postgresql.md, "Connecting").
     assert_eq!(exceptions.len(), 13, "{exceptions:?}");
     assert_eq!(
         from(Source::UriTests),

@@ -43,6 +43,18 @@ fn main() -> ExitCode {
                 eprintln!("pg-storage-exporter check: --sweep {d:?}: out of range, use 1s to 5m");
                 return ExitCode::from(2);
             }
+            // A DSN that does not parse is an invalid flag: said before
+            // any probe runs, not after.
+            if let Some(dsn) = &a.pg_dsn
+                && let Err(e) = pg_storage_exporter::postgres::dsn::target(
+                    dsn,
+                    &|k| std::env::var(k).ok(),
+                    None,
+                )
+            {
+                eprintln!("pg-storage-exporter check: --pg.dsn: {e}");
+                return ExitCode::from(2);
+            }
             // The cluster's findings, from a read-only session: the check
             // module itself never talks to PostgreSQL.
             let cluster_audit = |r: &mut check::AuditReport| -> anyhow::Result<()> {
@@ -154,16 +166,11 @@ fn run_daemon(cli: Cli) -> ExitCode {
         busy_every: cli.busy_every,
         read_file_size: cli.read_file_size,
         free_space_reserve: cli.free_space_reserve,
-        pg_dsns: {
-            let mut d = cli.pg_dsns.clone();
-            // postgres_exporter's convention, so existing deployments carry over.
-            if let Ok(env) = std::env::var("DATA_SOURCE_NAME")
-                && !env.trim().is_empty()
-            {
-                d.push(env);
-            }
-            d
-        },
+        pg_dsns: cli.pg_dsns.clone(),
+        // postgres_exporter's convention, so existing deployments carry over.
+        data_source_name: std::env::var("DATA_SOURCE_NAME")
+            .ok()
+            .filter(|v| !v.trim().is_empty()),
         pg_scrape_interval: Some(cli.pg_scrape_interval),
         pg_no_discovery: cli.no_pg_discovery,
         collectors: cli.collectors,

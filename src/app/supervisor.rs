@@ -114,6 +114,15 @@ struct ClusterTask {
     discovery: JoinHandle<()>,
 }
 
+/// What a reload keeps of a restarted cluster's discovered volumes: the
+/// (volume, role) pairs it had, and the volumes its discovery added, which
+/// its next discovery keeps or stops.
+#[derive(Debug, Default)]
+struct Carried {
+    roles: Vec<(String, String)>,
+    volumes: Vec<String>,
+}
+
 /// What a reload changed, for its log line.
 #[derive(Debug, Default)]
 struct Changes {
@@ -318,7 +327,7 @@ impl Supervisor {
         // Settings are logged by each collector after its first scrape.
         super::warnings::all(&self.cfg, &self.volumes, &self.clusters, &[]);
         for c in self.cfg.clusters.clone() {
-            self.start_cluster(&c);
+            self.start_cluster(&c, Carried::default());
         }
         self.start_limits();
         self.start_audit();
@@ -345,8 +354,13 @@ impl Supervisor {
         )));
     }
 
-    fn start_cluster(&mut self, c: &ClusterConfig) {
+    /// Starts a cluster's collector; `carried` is what a reload kept of
+    /// its discovered volumes (see [`Carried`]).
+    fn start_cluster(&mut self, c: &ClusterConfig, carried: Carried) {
         let state = ClusterState::new(&c.collector.name, self.cfg.window);
+        // Until its discovery runs again, the cluster keeps the volumes
+        // and roles it had: its series go on naming them.
+        state.set_volumes(carried.roles);
         self.clusters.add(state.clone());
         tracing::info!(
             cluster = %c.collector.name,
@@ -366,12 +380,16 @@ impl Supervisor {
         let volumes = self.volumes.clone();
         let defaults = self.cfg.volume_defaults.clone();
         let discovered_into = state.clone();
+        let timeout = self.timeout();
+        let mut carried = carried.volumes;
         let discovery = tokio::spawn(async move {
             while let Some(req) = rx.recv().await {
                 let volumes = volumes.clone();
                 let defaults = defaults.clone();
+                // Only the first discovery decides about carried volumes.
+                let carried = std::mem::take(&mut carried);
                 let applied = tokio::task::spawn_blocking(move || {
-                    super::discovery::apply(&req, &volumes, &defaults)
+                    super::discovery::apply(&req, &volumes, &defaults, &carried, timeout)
                 })
                 .await;
                 match applied {
@@ -419,20 +437,15 @@ impl Supervisor {
     }
 
     /// Stops a cluster's collector (dropping its connection) and forgets
-    /// it. Returns the volumes its discovery added.
-    fn stop_cluster(&mut self, name: &str) -> Vec<String> {
+    /// it. Returns the (volume, role) pairs of its volumes.
+    fn stop_cluster(&mut self, name: &str) -> Vec<(String, String)> {
         let Some(task) = self.cluster_tasks.remove(name) else {
             return Vec::new();
         };
         task.handle.abort();
         task.discovery.abort();
         self.clusters.remove(name);
-        task.state
-            .snapshot()
-            .volumes
-            .into_iter()
-            .map(|(v, _)| v)
-            .collect()
+        task.state.snapshot().volumes
     }
 
     /// Loads the configuration again and applies the difference. A
@@ -490,18 +503,66 @@ impl Supervisor {
             .chain(new.volumes.iter())
             .map(|v| v.name.clone())
             .collect();
-        let mut orphans = Vec::new();
+        // A changed cluster that still discovers volumes with the same
+        // settings keeps them through its restart: a new password or
+        // password file reconnects it, and its next discovery stops only
+        // the volumes it no longer finds as they were. Restarting them
+        // would throw away their windows and counters for a change that
+        // has nothing to do with the storage.
+        let carries = |name: &String| {
+            clus.changed.contains(name)
+                && !defaults_changed
+                && [&self.cfg.clusters, &new.clusters].iter().all(|list| {
+                    list.iter()
+                        .any(|c| c.collector.name == *name && c.collector.discover_volumes)
+                })
+        };
+        let carrying: HashSet<String> = clus
+            .changed
+            .iter()
+            .filter(|n| carries(n))
+            .cloned()
+            .collect();
+        let mut stopped: Vec<(String, Vec<(String, String)>)> = Vec::new();
         for name in clus.removed.iter().chain(clus.changed.iter()) {
-            orphans.extend(self.stop_cluster(name));
+            let roles = self.stop_cluster(name);
+            stopped.push((name.clone(), roles));
         }
         let still_used: HashSet<String> = self
             .cluster_tasks
             .values()
             .flat_map(|t| t.state.snapshot().volumes.into_iter().map(|(v, _)| v))
             .collect();
-        orphans.retain(|v| !configured.contains(v) && !still_used.contains(v));
+        let mut orphans = Vec::new();
+        let mut carried: HashMap<String, Carried> = HashMap::new();
+        for (name, roles) in stopped {
+            let mut theirs: Vec<String> = roles
+                .iter()
+                .map(|(v, _)| v.clone())
+                .filter(|v| !configured.contains(v) && !still_used.contains(v))
+                .collect();
+            theirs.sort();
+            theirs.dedup();
+            if carrying.contains(&name) {
+                carried.insert(
+                    name,
+                    Carried {
+                        roles,
+                        volumes: theirs,
+                    },
+                );
+            } else {
+                orphans.extend(theirs);
+            }
+        }
+        // A volume two stopped clusters shared goes only when neither
+        // carries it.
+        orphans.retain(|v| !carried.values().any(|c| c.volumes.contains(v)));
         orphans.sort();
         orphans.dedup();
+        let mut carried_volumes: Vec<String> =
+            carried.values().flat_map(|c| c.volumes.clone()).collect();
+        carried_volumes.sort();
         let mut to_remove: Vec<String> = orphans.clone();
         to_remove.extend(vols.removed.iter().cloned());
         to_remove.extend(vols.changed.iter().cloned());
@@ -563,7 +624,8 @@ impl Supervisor {
         for c in self.cfg.clusters.clone() {
             let n = &c.collector.name;
             if clus.added.contains(n) || clus.changed.contains(n) {
-                self.start_cluster(&c);
+                let carried = carried.remove(n).unwrap_or_default();
+                self.start_cluster(&c, carried);
             }
         }
         let limits_changed = old.limits != self.cfg.limits;
@@ -610,6 +672,7 @@ impl Supervisor {
                 volumes_changed = ?vols.changed,
                 volumes_limits_updated = ?vols.limits_only,
                 discovered_volumes_removed = ?orphans,
+                discovered_volumes_kept = ?carried_volumes,
                 clusters_added = ?clus.added,
                 clusters_removed = ?clus.removed,
                 clusters_changed = ?clus.changed,

@@ -122,6 +122,8 @@ pub enum Origin {
     File { file: PathBuf, line: usize },
     /// A command-line flag.
     Flag(&'static str),
+    /// An environment variable.
+    Env(&'static str),
     /// The built-in default.
     Default,
 }
@@ -131,6 +133,7 @@ impl std::fmt::Display for Origin {
         match self {
             Origin::File { file, line } => write!(f, "{}:{line}", file.display()),
             Origin::Flag(flag) => write!(f, "flag {flag}"),
+            Origin::Env(var) => write!(f, "environment variable {var}"),
             Origin::Default => f.write_str("built-in default"),
         }
     }
@@ -214,8 +217,11 @@ pub struct FlagOverrides {
     pub busy_every: Option<Duration>,
     pub read_file_size: Option<u64>,
     pub free_space_reserve: Option<u64>,
-    /// `--pg.dsn [NAME=]DSN`, in order (DATA_SOURCE_NAME is added by the caller).
+    /// `--pg.dsn [NAME=]DSN`, in order.
     pub pg_dsns: Vec<String>,
+    /// `DATA_SOURCE_NAME` (`[NAME=]DSN`), when set and not blank: one more
+    /// cluster after the `--pg.dsn` ones.
+    pub data_source_name: Option<String>,
     /// `--pg.scrape-interval` for clusters from flags.
     pub pg_scrape_interval: Option<Duration>,
     /// `--no-pg.discover-volumes`.
@@ -530,6 +536,9 @@ fn clusters(
 ) -> Result<Vec<ClusterConfig>, ConfigError> {
     use crate::postgres::{ClusterConfig as Collector, dsn};
     let mut out: Vec<ClusterConfig> = Vec::new();
+    // Where each cluster's name comes from, for a duplicate: the origin,
+    // and how the name was given. Never the DSN: it may hold a password.
+    let mut named: Vec<(Origin, String)> = Vec::new();
     for (i, c) in raw.iter().enumerate() {
         let key = |k: &str| format!("cluster[{i}].{k}");
         let invalid =
@@ -540,6 +549,8 @@ fn clusters(
             };
         let name = c.name.get_ref().clone();
         validate_cluster_name(&name).map_err(|m| invalid(c.name.span(), "name", m))?;
+        let origin = at(Some(c.name.span()));
+        named.push((origin.clone(), format!("{origin} ({})", key("name"))));
         let password_file = c.password_file.as_ref().map(|p| absolute(p.get_ref()));
         let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref()).map_err(|e| {
             // The password_file key's own file is blamed on that key's
@@ -600,16 +611,42 @@ fn clusters(
                 message,
             })?;
     }
-    for spec in &flags.pg_dsns {
+    let given = flags
+        .pg_dsns
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            (
+                Origin::Flag("--pg.dsn"),
+                format!("the {} --pg.dsn", ordinal(i + 1)),
+                spec,
+            )
+        })
+        .chain(flags.data_source_name.iter().map(|spec| {
+            (
+                Origin::Env("DATA_SOURCE_NAME"),
+                "DATA_SOURCE_NAME".to_string(),
+                spec,
+            )
+        }));
+    for (origin, which, spec) in given {
         let (name, text) = dsn::split_name(spec);
         let flag_err = |message: String| ConfigError::Invalid {
-            origin: Origin::Flag("--pg.dsn"),
+            origin: origin.clone(),
             key: name
                 .map(str::to_string)
                 .unwrap_or_else(|| "DSN".to_string()),
             message,
         };
         let target = dsn::target(text, env, None).map_err(|e| flag_err(e.to_string()))?;
+        let how = match name {
+            Some(_) => which,
+            None => format!(
+                "{which} (no NAME=, so named after its port {})",
+                target.port
+            ),
+        };
+        named.push((origin.clone(), how));
         let name = name
             .map(str::to_string)
             .unwrap_or_else(|| format!("pg{}", target.port));
@@ -629,20 +666,35 @@ fn clusters(
             target,
         });
     }
-    let mut seen = HashSet::new();
-    for c in &out {
-        if !seen.insert(c.collector.name.clone()) {
+    for (j, c) in out.iter().enumerate() {
+        let name = &c.collector.name;
+        if let Some(i) = out[..j].iter().position(|o| o.collector.name == *name) {
+            let (origin, second) = named[j].clone();
             return Err(ConfigError::Invalid {
-                origin: Origin::Default,
+                origin,
                 key: "cluster.name".into(),
                 message: format!(
-                    "duplicate cluster name {:?}: name each cluster (NAME=DSN on the command line)",
-                    c.collector.name
+                    "duplicate cluster name {name:?}: given by {} and by {second}; names label \
+                     every series and must be unique: name each cluster (name = \"...\" in a \
+                     [[cluster]] table, NAME=DSN on the command line)",
+                    named[i].1
                 ),
             });
         }
     }
     Ok(out)
+}
+
+/// 1st, 2nd, 3rd, 4th... for messages.
+fn ordinal(n: usize) -> String {
+    let suffix = match (n % 10, n % 100) {
+        (_, 11..=13) => "th",
+        (1, _) => "st",
+        (2, _) => "nd",
+        (3, _) => "rd",
+        _ => "th",
+    };
+    format!("{n}{suffix}")
 }
 
 fn volume_from_file(

@@ -493,3 +493,99 @@ fn audit_interval_and_ignore_lists() {
         assert!(e.contains(want), "{text}: {e}");
     }
 }
+
+/// Two clusters with one name: the error names where both names came
+/// from (config lines, which --pg.dsn, DATA_SOURCE_NAME), never the
+/// default and never a DSN.
+#[test]
+fn duplicate_cluster_names_name_both_origins() {
+    let secret = "PWMARK-dup";
+    let dsn = |port: u16| format!("host=127.0.0.1 port={port} user=mon password={secret}");
+    let flags = FlagOverrides {
+        pg_dsns: vec![dsn(5432), dsn(5433), dsn(5432)],
+        ..Default::default()
+    };
+    let e = build(None, RawConfig::default(), &flags)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "flag --pg.dsn: cluster.name: duplicate cluster name \"pg5432\": given by the 1st \
+         --pg.dsn (no NAME=, so named after its port 5432) and by the 3rd --pg.dsn (no NAME=, so \
+         named after its port 5432); names label every series and must be unique: name each \
+         cluster (name = \"...\" in a [[cluster]] table, NAME=DSN on the command line)"
+    );
+    let flags = FlagOverrides {
+        pg_dsns: vec![format!("main={}", dsn(5432))],
+        data_source_name: Some(format!("main={}", dsn(5433))),
+        ..Default::default()
+    };
+    let e = build(None, RawConfig::default(), &flags)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(
+            "environment variable DATA_SOURCE_NAME: cluster.name: duplicate cluster name \
+             \"main\": given by the 1st --pg.dsn and by DATA_SOURCE_NAME;"
+        ),
+        "{e}"
+    );
+    let file = Path::new("/etc/pg-storage-exporter.toml");
+    let text = format!(
+        "[[cluster]]\nname = \"main\"\ndsn = \"{}\"\n\n[[cluster]]\nname = \"pg5432\"\ndsn = \"{}\"\n",
+        dsn(5432),
+        dsn(5433)
+    );
+    let raw = raw::parse(file, &text).unwrap();
+    let flags = FlagOverrides {
+        pg_dsns: vec![dsn(5432)],
+        ..Default::default()
+    };
+    let e = build(Some((file, &text)), raw, &flags)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with(
+            "flag --pg.dsn: cluster.name: duplicate cluster name \"pg5432\": given by \
+             /etc/pg-storage-exporter.toml:6 (cluster[1].name) and by the 1st --pg.dsn (no \
+             NAME=, so named after its port 5432);"
+        ),
+        "{e}"
+    );
+    assert!(
+        !e.contains(secret) && !e.contains("built-in default"),
+        "{e}"
+    );
+}
+
+/// `password_file` holds the password alone: a second line is refused,
+/// naming the file and the key's line, never its content.
+#[test]
+fn a_two_line_password_file_is_refused_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let pf = dir.path().join("pgse.password");
+    std::fs::write(&pf, "PWMARK-one\nPWMARK-two\n").unwrap();
+    let text = format!(
+        "[[cluster]]\nname = \"main\"\ndsn = \"host=/run/postgresql user=mon\"\n\
+         password_file = \"{}\"\n",
+        pf.display()
+    );
+    let e = parse_str(&text).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "/etc/pg-storage-exporter.toml:4: cluster[0].password_file: password file {}: has 2 \
+             lines; it must hold the password alone on one line (a libpq passfile, with \
+             host:port:database:user:password lines, goes in the DSN's passfile= or PGPASSFILE \
+             instead)",
+            pf.display()
+        )
+    );
+    assert!(!e.contains("PWMARK"));
+    std::fs::write(&pf, "PWMARK-one\n").unwrap();
+    let cfg = parse_str(&text).unwrap();
+    assert_eq!(
+        cfg.clusters[0].target.config.get_password(),
+        Some(&b"PWMARK-one"[..])
+    );
+}

@@ -113,22 +113,33 @@ const DEFAULT_PORT: u16 = 5432;
 /// attempt never reports the cluster down.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a DSN was refused. No variant carries text of the DSN other than a
+/// keyword from [`LIBPQ_KEYWORDS`]: a password with an unquoted space, an
+/// unencoded `@` or `/` is cut where libpq cuts it, and its pieces land in
+/// the next word, the host, the port or the database name. So errors say
+/// which part is wrong and where (a keyword, a URL part, a character
+/// position counted from 1), never what it holds.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DsnError {
     #[error("invalid connection string: {0}")]
     Syntax(String),
     #[error("connection option {0:?} is not supported by pg-storage-exporter")]
-    Unsupported(String),
-    #[error("connection option {key:?}: invalid value {value:?}: {why}")]
-    Value {
-        key: String,
-        value: String,
+    Unsupported(&'static str),
+    #[error("connection option {key:?}: {why}")]
+    Value { key: &'static str, why: String },
+    /// `shown` is the path, or "the passfile named in the DSN" when the
+    /// path is DSN text (a password typed after `passfile=`).
+    #[error("{shown}: {why}")]
+    PasswordFile {
+        path: PathBuf,
+        shown: String,
         why: String,
     },
-    #[error("password file {}: {why}", path.display())]
-    PasswordFile { path: PathBuf, why: String },
 }
 
+fn syntax(message: String) -> DsnError {
+    DsnError::Syntax(message)
+}
 /// How to secure the connection, libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SslMode {
@@ -171,7 +182,9 @@ pub struct Target {
     pub config: tokio_postgres::Config,
     pub ssl_mode: SslMode,
     pub ssl_root_cert: Option<PathBuf>,
-    /// host, port, user, dbname, sslmode: for logs and errors, never a password.
+    /// host, port, user, dbname, sslmode, for logs and errors: built from
+    /// the parsed and checked parts only, never from the DSN's text, so
+    /// never a password nor a piece of one.
     pub display: String,
     /// Each host as written (a socket directory or a name) with its port,
     /// in the order they are tried.
@@ -217,81 +230,180 @@ pub fn parse(dsn: &str) -> Result<BTreeMap<String, String>, DsnError> {
     // libpq takes a string as a URI only when it starts with one of the two
     // designators, with nothing in front, not even a space.
     for prefix in ["postgresql://", "postgres://"] {
-        if let Some(rest) = dsn.strip_prefix(prefix) {
-            return parse_url(rest, prefix.len());
+        if dsn.starts_with(prefix) {
+            return parse_url(dsn, prefix.len());
         }
     }
     parse_kv(dsn)
 }
 
-fn store(out: &mut BTreeMap<String, String>, key: &str, value: String) -> Result<(), DsnError> {
-    if !LIBPQ_KEYWORDS.contains(&key) {
-        return Err(DsnError::Syntax(format!(
-            "unknown connection option {key:?}"
-        )));
+/// The entry of [`LIBPQ_KEYWORDS`] equal to `word`: the only DSN text an
+/// error may quote.
+fn keyword(word: &str) -> Option<&'static str> {
+    LIBPQ_KEYWORDS.iter().copied().find(|&k| k == word)
+}
+
+/// A word of a key=value string, for an error: its name when it is a libpq
+/// keyword, else only where it starts.
+fn word_at(key: Option<&'static str>, at: usize) -> String {
+    match key {
+        Some(k) => format!("{k:?} at character {at}"),
+        None => format!("the word at character {at}"),
     }
-    out.insert(key.to_string(), value);
-    Ok(())
+}
+
+/// Where a word that is no keyword sits, for an error: after an unquoted
+/// value, it is most likely the rest of that value, cut at a space
+/// (`password=Sekr1t Zebra42`). `certain`: the word has no `=` at all.
+fn cut_value_hint(before: Option<(&'static str, bool)>, word: &str, certain: bool) -> String {
+    match before {
+        _ if word.contains("://") => {
+            " (a URL must start the string, with postgresql:// or postgres://)".into()
+        }
+        Some((k, true)) if certain => format!(
+            ", which follows the unquoted value of {k:?}: a value with a space in it must be in \
+             single quotes ({k}='...', with \\' and \\\\ for a quote and a backslash)"
+        ),
+        Some((k, true)) => format!(
+            ", after the value of {k:?} (if that value has a space in it, quote it: {k}='...')"
+        ),
+        Some((k, false)) => format!(", after the value of {k:?}"),
+        None => String::new(),
+    }
 }
 
 /// libpq's keyword/value syntax: spaces around `=` are allowed, a value is
 /// either unquoted (up to the next space) or in single quotes, and `\`
 /// escapes the next character in both.
 fn parse_kv(s: &str) -> Result<BTreeMap<String, String>, DsnError> {
+    let c: Vec<char> = s.chars().collect();
     let mut out = BTreeMap::new();
-    let mut chars = s.chars().peekable();
-    let skip_spaces = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
-        while chars.next_if(|&c| is_space(c)).is_some() {}
+    let mut i = 0;
+    // The keyword before, and whether its value was unquoted.
+    let mut before: Option<(&'static str, bool)> = None;
+    let skip_spaces = |i: &mut usize| {
+        while c.get(*i).is_some_and(|&ch| is_space(ch)) {
+            *i += 1;
+        }
     };
     loop {
-        skip_spaces(&mut chars);
-        if chars.peek().is_none() {
+        skip_spaces(&mut i);
+        if i == c.len() {
             break;
         }
-        let mut key = String::new();
-        while let Some(c) = chars.next_if(|&c| c != '=' && !is_space(c)) {
-            key.push(c);
+        let start = i;
+        while c.get(i).is_some_and(|&ch| ch != '=' && !is_space(ch)) {
+            i += 1;
         }
-        skip_spaces(&mut chars);
-        if chars.next() != Some('=') {
-            return Err(DsnError::Syntax(format!("missing \"=\" after {key:?}")));
+        let word: String = c[start..i].iter().collect();
+        let key = keyword(&word);
+        skip_spaces(&mut i);
+        if c.get(i) != Some(&'=') {
+            return Err(syntax(format!(
+                "missing \"=\" after {}{}",
+                word_at(key, start + 1),
+                if key.is_some() {
+                    String::new()
+                } else {
+                    cut_value_hint(before, &word, true)
+                }
+            )));
         }
-        skip_spaces(&mut chars);
+        i += 1;
+        skip_spaces(&mut i);
         let mut value = String::new();
-        if chars.next_if_eq(&'\'').is_some() {
+        let quoted = c.get(i) == Some(&'\'');
+        if quoted {
+            let open = i + 1;
+            i += 1;
             loop {
-                match chars.next() {
+                match c.get(i) {
                     None => {
-                        return Err(DsnError::Syntax(format!(
-                            "unterminated quoted value of {key:?}"
+                        return Err(syntax(format!(
+                            "unterminated quoted value of {} (its quote is at character {open})",
+                            word_at(key, start + 1)
                         )));
                     }
-                    Some('\\') => value.extend(chars.next()),
-                    Some('\'') => break,
-                    Some(c) => value.push(c),
+                    Some('\\') => {
+                        value.extend(c.get(i + 1));
+                        i = (i + 2).min(c.len());
+                    }
+                    Some('\'') => {
+                        i += 1;
+                        break;
+                    }
+                    Some(&ch) => {
+                        value.push(ch);
+                        i += 1;
+                    }
                 }
             }
         } else {
-            while let Some(c) = chars.next_if(|&c| !is_space(c)) {
-                if c == '\\' {
-                    value.extend(chars.next());
+            while let Some(&ch) = c.get(i).filter(|&&ch| !is_space(ch)) {
+                if ch == '\\' {
+                    value.extend(c.get(i + 1));
+                    i = (i + 2).min(c.len());
                 } else {
-                    value.push(c);
+                    value.push(ch);
+                    i += 1;
                 }
             }
         }
-        store(&mut out, &key, value)?;
+        let Some(key) = key else {
+            return Err(syntax(format!(
+                "unknown connection option at character {}{}",
+                start + 1,
+                cut_value_hint(before, &word, false)
+            )));
+        };
+        out.insert(key.to_string(), value);
+        before = Some((key, !quoted));
     }
     Ok(out)
 }
 
-/// Percent-decodes one part of a URL. Errors name the part and never repeat
-/// its text, which may be a password (libpq's own messages quote it).
-fn decode(s: &str, part: &str) -> Result<String, DsnError> {
+/// Which ends of a URL part may carry spaces: libpq 18 drops spaces
+/// before and after a part's text and refuses one inside it (earlier
+/// versions kept them). A host or port list is one part to libpq, so only
+/// its first item may start with spaces and only its last may end with
+/// them.
+#[derive(Clone, Copy)]
+struct Ends {
+    first: bool,
+    last: bool,
+}
+
+const WHOLE: Ends = Ends {
+    first: true,
+    last: true,
+};
+
+/// Percent-decodes one part of a URL, `from` being the character position
+/// of its first character. Errors name the part and the position, never
+/// the text, which may be a password (libpq's own messages quote it).
+fn decode(s: &str, part: &str, from: usize, ends: Ends) -> Result<String, DsnError> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
+    if ends.first {
+        while b.get(i) == Some(&b' ') {
+            i += 1;
+        }
+    }
+    // Every byte looked at below is ASCII, so `i` is a character boundary.
+    let at = |i: usize| from + s[..i].chars().count();
     while i < b.len() {
+        if b[i] == b' ' {
+            let rest = &b[i..];
+            if ends.last && rest.iter().all(|&c| c == b' ') {
+                break;
+            }
+            return Err(syntax(format!(
+                "unexpected space in the URL's {part} at character {} (percent-encode a space as \
+                 %20)",
+                at(i)
+            )));
+        }
         if b[i] != b'%' {
             out.push(b[i]);
             i += 1;
@@ -299,159 +411,284 @@ fn decode(s: &str, part: &str) -> Result<String, DsnError> {
         }
         let hex = |j: usize| b.get(j).and_then(|&c| char::from(c).to_digit(16));
         let (Some(hi), Some(lo)) = (hex(i + 1), hex(i + 2)) else {
-            return Err(DsnError::Syntax(format!(
-                "invalid percent-encoded token in the URL's {part}"
+            return Err(syntax(format!(
+                "invalid percent-encoded token in the URL's {part} at character {} (\"%\" must \
+                 be followed by two hexadecimal digits; a \"%\" itself is %25)",
+                at(i)
             )));
         };
         // As in libpq: %00 would cut the value short in C, so it is refused.
         if hi == 0 && lo == 0 {
-            return Err(DsnError::Syntax(format!(
-                "forbidden value %00 in the URL's {part}"
+            return Err(syntax(format!(
+                "forbidden value %00 in the URL's {part} at character {}",
+                at(i)
             )));
         }
         out.push((hi * 16 + lo) as u8);
         i += 3;
     }
     String::from_utf8(out).map_err(|_| {
-        DsnError::Syntax(format!(
+        syntax(format!(
             "the URL's {part} is not UTF-8 once percent-decoded"
         ))
     })
 }
 
+/// The `@` rule of URLs, checked before [`parse`]: an unencoded `@` is
+/// allowed once, before the first `/`. libpq reads the user name and
+/// password up to the first `@` before the first `/`, and the rest as
+/// hosts, ports and the database name; psql 15 and 18 agree
+/// (`postgresql://u:a@b@h/db` looks up the host `b@h`, and
+/// `postgresql://u:a/b@h/db` reads the port `a`). A password with an
+/// unencoded `@` or `/` therefore ends up, in part, as a host, a port or a
+/// database name, which libpq prints in its errors and may even connect to
+/// (`u:1234/x@h` is the host `u` on port 1234). Any other `@` is refused:
+/// an `@` in a database name or query value must be encoded as well, since
+/// it cannot be told from the rest of a password cut at a `/`.
+fn check_url_at_signs(dsn: &str) -> Result<(), DsnError> {
+    let Some(prefix_len) = ["postgresql://", "postgres://"]
+        .iter()
+        .find(|p| dsn.starts_with(**p))
+        .map(|p| p.len())
+    else {
+        return Ok(());
+    };
+    let rest = &dsn[prefix_len..];
+    let at = |i: usize| dsn[..prefix_len + i].chars().count() + 1;
+    let b = rest.as_bytes();
+    let first_slash = b.iter().position(|&c| c == b'/').unwrap_or(b.len());
+    let mut ats = b
+        .iter()
+        .enumerate()
+        .filter(|&(_, &c)| c == b'@')
+        .map(|(i, _)| i);
+    match (ats.next(), ats.next()) {
+        (Some(a), Some(second)) if second < first_slash => Err(syntax(format!(
+            "the URL has a second \"@\" before its first \"/\" (characters {} and {}): libpq \
+             would read the user name and password up to the first one and look up the rest as \
+             a host name; percent-encode \"@\" in a user name or password as %40",
+            at(a),
+            at(second)
+        ))),
+        (Some(a), _) if a > first_slash => Err(syntax(format!(
+            "the URL has an \"@\" after its first \"/\" (character {}): a \"/\" in a user name \
+             or password ends the host part there, and the rest would be read as a database \
+             name; percent-encode \"/\" as %2F and \"@\" as %40",
+            at(a)
+        ))),
+        (Some(_), Some(second)) => Err(syntax(format!(
+            "the URL has an \"@\" after its first \"/\" (character {}): percent-encode \"/\" as \
+             %2F and \"@\" as %40 in a user name, password, database name or query value",
+            at(second)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// libpq's URI syntax (`conninfo_uri_parse_options`):
 /// `[user[:password]@][host][:port][,host[:port]...][/dbname][?key=value&...]`,
-/// `rest` being what follows the designator (`prefix_len` bytes long).
-fn parse_url(rest: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, DsnError> {
+/// the designator being the first `prefix_len` bytes of `dsn`. The user
+/// info ends at the first `@` before the first `/`, as in libpq; see
+/// [`check_url_at_signs`] for the URLs the exporter refuses before this.
+fn parse_url(dsn: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, DsnError> {
+    let rest = &dsn[prefix_len..];
+    // The character position (from 1, in the whole DSN) of byte `i` of
+    // `rest`, always a character boundary here.
+    let at = |i: usize| dsn[..prefix_len + i].chars().count() + 1;
     let mut out = BTreeMap::new();
     let b = rest.as_bytes();
-    let at = |i: usize| b.get(i).copied();
+    let byte = |i: usize| b.get(i).copied();
+    let user_end = b
+        .iter()
+        .position(|&c| c == b'@' || c == b'/')
+        .filter(|&i| b[i] == b'@');
     let mut p = 0;
-    // libpq looks for the "@" of the user part up to the first "/" only.
-    if let Some(i) = b.iter().position(|&c| c == b'@' || c == b'/')
-        && b[i] == b'@'
-    {
+    if let Some(i) = user_end {
         let info = &rest[..i];
         let (user, password) = match info.split_once(':') {
             Some((u, pw)) => (u, Some(pw)),
             None => (info, None),
         };
         if !user.is_empty() {
-            out.insert("user".into(), decode(user, "user")?);
+            out.insert("user".into(), decode(user, "user name", at(0), WHOLE)?);
         }
         if let Some(pw) = password
             && !pw.is_empty()
         {
-            out.insert("password".into(), decode(pw, "password")?);
+            out.insert(
+                "password".into(),
+                decode(pw, "password", at(user.len() + 1), WHOLE)?,
+            );
         }
         p = i + 1;
     }
     // host[:port] pairs separated by commas; the host and port lists keep
     // one item per pair, empty where a pair leaves it out (libpq then uses
     // the default for that host).
-    let (mut hosts, mut ports) = (String::new(), String::new());
+    let (mut hosts, mut ports) = (Vec::new(), Vec::new());
     let end = loop {
-        if at(p) == Some(b'[') {
+        if byte(p) == Some(b'[') {
             let start = p + 1;
             let Some(len) = rest[start..].find(']') else {
-                return Err(DsnError::Syntax(
-                    "end of string reached when looking for matching \"]\" in IPv6 host address in URL"
-                        .into(),
-                ));
+                return Err(syntax(format!(
+                    "end of string reached when looking for matching \"]\" in IPv6 host \
+                     address in URL (its \"[\" is at character {})",
+                    at(p)
+                )));
             };
             if len == 0 {
-                return Err(DsnError::Syntax(
-                    "IPv6 host address may not be empty in URL".into(),
-                ));
+                return Err(syntax(format!(
+                    "IPv6 host address may not be empty in URL (character {})",
+                    at(p)
+                )));
             }
-            hosts.push_str(&rest[start..start + len]);
+            hosts.push(start..start + len);
             p = start + len + 1;
             // libpq: "]" must be followed by a port, the path, the query,
             // another host or the end; `[::1]6543` is not `[::1]:6543`.
-            if let Some(c) = rest[p..].chars().next()
-                && !matches!(c, ':' | '/' | '?' | ',')
-            {
-                return Err(DsnError::Syntax(format!(
-                    "unexpected character \"{c}\" at position {} in URL (expected \":\" or \"/\")",
-                    prefix_len + p + 1
+            if byte(p).is_some_and(|c| !matches!(c, b':' | b'/' | b'?' | b',')) {
+                return Err(syntax(format!(
+                    "unexpected character at character {} of the URL, after an IPv6 host address \
+                     in brackets (expected \":\", \"/\", \"?\", \",\" or the end)",
+                    at(p)
                 )));
             }
         } else {
             let start = p;
-            while at(p).is_some_and(|c| !matches!(c, b':' | b'/' | b'?' | b',')) {
+            while byte(p).is_some_and(|c| !matches!(c, b':' | b'/' | b'?' | b',')) {
                 p += 1;
             }
-            hosts.push_str(&rest[start..p]);
+            hosts.push(start..p);
         }
-        if at(p) == Some(b':') {
+        let mut port = p..p;
+        if byte(p) == Some(b':') {
             // Everything up to the next "/", "?" or "," is the port, so
             // `h:5432:6543` is the port "5432:6543", refused later, never
             // the host "h:5432".
             p += 1;
             let start = p;
-            while at(p).is_some_and(|c| !matches!(c, b'/' | b'?' | b',')) {
+            while byte(p).is_some_and(|c| !matches!(c, b'/' | b'?' | b',')) {
                 p += 1;
             }
-            ports.push_str(&rest[start..p]);
+            port = start..p;
         }
-        if at(p) != Some(b',') {
-            break at(p);
+        ports.push(port);
+        if byte(p) != Some(b',') {
+            break byte(p);
         }
         p += 1;
-        hosts.push(',');
-        ports.push(',');
     };
-    if !hosts.is_empty() {
-        out.insert("host".into(), decode(&hosts, "host")?);
+    let list = |items: Vec<std::ops::Range<usize>>, part: &str| {
+        let n = items.len();
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let ends = Ends {
+                    first: i == 0,
+                    last: i + 1 == n,
+                };
+                decode(&rest[r.clone()], part, at(r.start), ends)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.join(","))
+    };
+    // As in libpq, a list is stored when its text is not empty, even if
+    // it decodes to nothing (spaces alone).
+    let written = |items: &[std::ops::Range<usize>]| items.iter().any(|r| !r.is_empty());
+    let (hosts_written, ports_written) = (
+        written(&hosts) || hosts.len() > 1,
+        written(&ports) || ports.len() > 1,
+    );
+    let (hosts, ports) = (list(hosts, "host")?, list(ports, "port")?);
+    if hosts_written {
+        out.insert("host".into(), hosts);
     }
-    if !ports.is_empty() {
-        out.insert("port".into(), decode(&ports, "port")?);
+    if ports_written {
+        out.insert("port".into(), ports);
     }
     let mut end = end;
     if end.is_some_and(|c| c != b'?') {
         p += 1;
         let start = p;
-        while at(p).is_some_and(|c| c != b'?') {
+        while byte(p).is_some_and(|c| c != b'?') {
             p += 1;
         }
         // An empty path leaves dbname unset, so PGDATABASE still applies,
         // as in libpq.
         if p > start {
-            out.insert("dbname".into(), decode(&rest[start..p], "database name")?);
+            out.insert(
+                "dbname".into(),
+                decode(&rest[start..p], "database name", at(start), WHOLE)?,
+            );
         }
-        end = at(p);
+        end = byte(p);
     }
     if end.is_some() {
-        parse_query(&rest[p + 1..], &mut out)?;
+        parse_query(rest, p + 1, &at, &mut out)?;
     }
     Ok(out)
 }
 
-/// libpq's URI query: `key=value` pairs separated by `&`, each with exactly
-/// one `=`; both sides percent-decoded.
-fn parse_query(mut q: &str, out: &mut BTreeMap<String, String>) -> Result<(), DsnError> {
-    while !q.is_empty() {
-        let (pair, next) = q.split_once('&').unwrap_or((q, ""));
-        q = next;
-        let Some((k, v)) = pair.split_once('=') else {
-            return Err(DsnError::Syntax(format!(
-                "missing key/value separator \"=\" in URL query parameter {pair:?}"
+/// libpq's URI query, from byte `p` of `rest`: `key=value` pairs separated
+/// by `&`, each with exactly one `=`; both sides percent-decoded. A
+/// parameter is named by its keyword when it is one, else by its number.
+fn parse_query(
+    rest: &str,
+    mut p: usize,
+    at: &dyn Fn(usize) -> usize,
+    out: &mut BTreeMap<String, String>,
+) -> Result<(), DsnError> {
+    let mut n = 0;
+    while p < rest.len() {
+        n += 1;
+        let end = rest[p..].find('&').map_or(rest.len(), |j| p + j);
+        let pair = &rest[p..end];
+        let Some(eq) = pair.find('=') else {
+            return Err(syntax(format!(
+                "missing key/value separator \"=\" in URL query parameter {n} (character {})",
+                at(p)
             )));
         };
-        if v.contains('=') {
-            return Err(DsnError::Syntax(format!(
-                "extra key/value separator \"=\" in URL query parameter {k:?}"
+        let (k, v) = (&pair[..eq], &pair[eq + 1..]);
+        let key = decode(k, &format!("query parameter {n}"), at(p), WHOLE)?;
+        let known = keyword(&key);
+        let what = match known {
+            Some(kw) => format!("query parameter {kw:?}"),
+            None => format!("query parameter {n}"),
+        };
+        if let Some(j) = v.find('=') {
+            return Err(syntax(format!(
+                "extra key/value separator \"=\" in URL {what} (character {}): percent-encode \
+                 \"=\" in a value as %3D",
+                at(p + eq + 1 + j)
             )));
         }
-        let key = decode(k, "query parameter name")?;
-        let value = decode(v, &format!("query parameter {key:?}"))?;
-        // For JDBC's sake libpq reads `ssl=true` (that value only) as
-        // sslmode=require.
-        if key == "ssl" && value == "true" {
-            store(out, "sslmode", "require".into())?;
-        } else {
-            store(out, &key, value)?;
+        let value = decode(v, &format!("value of {what}"), at(p + eq + 1), WHOLE)?;
+        match known {
+            Some(kw) => {
+                out.insert(kw.to_string(), value);
+            }
+            // For JDBC's sake libpq reads `ssl=true` (that value only) as
+            // sslmode=require.
+            None if key == "ssl" => {
+                if value != "true" {
+                    return Err(syntax(format!(
+                        "the URL's query parameter \"ssl\" (character {}) takes only the value \
+                         true (sslmode=require); use sslmode",
+                        at(p)
+                    )));
+                }
+                out.insert("sslmode".into(), "require".into());
+            }
+            None => {
+                return Err(syntax(format!(
+                    "unknown connection option in the URL's query parameter {n} (character {})",
+                    at(p)
+                )));
+            }
         }
+        p = end + 1;
     }
     Ok(())
 }
@@ -486,7 +723,7 @@ fn given<'a>(kv: &'a BTreeMap<String, String>, key: &str) -> Option<&'a str> {
 
 /// A libpq integer option, read as libpq's pqParseIntParam does: an
 /// optionally signed decimal number with nothing but spaces around it.
-fn libpq_int(key: &str, v: &str) -> Result<i32, DsnError> {
+fn libpq_int(key: &'static str, v: &str) -> Result<i32, DsnError> {
     let t = v.trim_matches(is_space);
     let digits = t.strip_prefix(['+', '-']).unwrap_or(t);
     if !digits.is_empty()
@@ -496,26 +733,62 @@ fn libpq_int(key: &str, v: &str) -> Result<i32, DsnError> {
         return Ok(n);
     }
     Err(DsnError::Value {
-        key: key.into(),
-        value: v.into(),
+        key,
         why: "not an integer".into(),
     })
 }
 
+/// Item `n` (from 1) of a list of `of` items, for an error.
+fn item(n: usize, of: usize) -> String {
+    if of > 1 {
+        format!("item {n} of {of}: ")
+    } else {
+        String::new()
+    }
+}
+
 /// One item of `port`: empty is the default port; otherwise 1 to 65535, as
 /// libpq requires (0 would reach the kernel as "any port").
-fn port_number(item: &str) -> Result<u16, DsnError> {
-    if item.is_empty() {
+fn port_number(text: &str, n: usize, of: usize) -> Result<u16, DsnError> {
+    if text.is_empty() {
         return Ok(DEFAULT_PORT);
     }
-    u16::try_from(libpq_int("port", item)?)
+    libpq_int("port", text)
         .ok()
+        .and_then(|p| u16::try_from(p).ok())
         .filter(|&p| p != 0)
         .ok_or_else(|| DsnError::Value {
-            key: "port".into(),
-            value: item.into(),
-            why: "invalid port number: use 1 to 65535".into(),
+            key: "port",
+            why: format!("{}not a port number from 1 to 65535", item(n, of)),
         })
+}
+
+/// A host libpq could reach: a socket directory (an absolute path), an
+/// IPv6 address (with an optional zone), or a host name or IPv4 address
+/// (letters, digits, `-`, `.` and `_`). Anything else (a space, an `@`, a
+/// `=`...) has no address: libpq fails its name lookup and prints the
+/// host, which then is most likely a piece of a password (`host=` after an
+/// unquoted value with a space, or the part of a URL after an unencoded
+/// `@`). Refused before connecting, without the text.
+fn reachable_host(h: &str) -> bool {
+    if h.starts_with('/') {
+        return !h.chars().any(char::is_control);
+    }
+    if h.contains(':') {
+        let (addr, zone) = match h.split_once('%') {
+            Some((a, z)) => (a, Some(z)),
+            None => (h, None),
+        };
+        return addr.parse::<std::net::Ipv6Addr>().is_ok()
+            && zone.is_none_or(|z| {
+                !z.is_empty()
+                    && z.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+            });
+    }
+    h.len() <= 253
+        && h.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
 }
 
 /// The hosts and their ports, as libpq pairs them: the host list (or the
@@ -535,32 +808,43 @@ fn hosts_and_ports(kv: &BTreeMap<String, String>) -> Result<Vec<(String, u16)>, 
             })
             .collect(),
     };
-    if let Some(h) = hosts.iter().find(|h| h.starts_with('@')) {
-        return Err(DsnError::Value {
-            key: "host".into(),
-            value: h.clone(),
-            why: "abstract Unix-domain sockets are not supported by pg-storage-exporter".into(),
-        });
+    let of = hosts.len();
+    for (n, h) in hosts.iter().enumerate() {
+        if h.starts_with('@') {
+            return Err(DsnError::Value {
+                key: "host",
+                why: format!(
+                    "{}abstract Unix-domain sockets are not supported by pg-storage-exporter",
+                    item(n + 1, of)
+                ),
+            });
+        }
+        if !reachable_host(h) {
+            return Err(DsnError::Value {
+                key: "host",
+                why: format!(
+                    "{}not a host name, an IP address or an absolute socket directory (a host \
+                     name has letters, digits, \"-\", \".\" and \"_\" only)",
+                    item(n + 1, of)
+                ),
+            });
+        }
     }
     let ports: Vec<u16> = match given(kv, "port") {
-        None => vec![DEFAULT_PORT; hosts.len()],
+        None => vec![DEFAULT_PORT; of],
         Some(list) => {
             let items: Vec<&str> = list.split(',').collect();
             match items.as_slice() {
-                [one] => vec![port_number(one)?; hosts.len()],
-                _ if items.len() == hosts.len() => items
+                [one] => vec![port_number(one, 1, 1)?; of],
+                _ if items.len() == of => items
                     .iter()
-                    .map(|p| port_number(p))
+                    .enumerate()
+                    .map(|(n, p)| port_number(p, n + 1, of))
                     .collect::<Result<_, _>>()?,
                 _ => {
                     return Err(DsnError::Value {
-                        key: "port".into(),
-                        value: list.into(),
-                        why: format!(
-                            "could not match {} port numbers to {} hosts",
-                            items.len(),
-                            hosts.len()
-                        ),
+                        key: "port",
+                        why: format!("could not match {} port numbers to {of} hosts", items.len()),
                     });
                 }
             }
@@ -569,45 +853,201 @@ fn hosts_and_ports(kv: &BTreeMap<String, String>) -> Result<Vec<(String, u16)>, 
     Ok(hosts.into_iter().zip(ports).collect())
 }
 
+/// A user or database name for [`Target::display`]: as it is when it
+/// reads back as one key=value word, else single-quoted with libpq's
+/// escapes, control characters escaped, so a log line stays one line.
+fn shown(v: &str) -> String {
+    let plain = |c: char| !is_space(c) && !matches!(c, '\'' | '\\') && !c.is_control();
+    if !v.is_empty() && v.chars().all(plain) {
+        return v.to_string();
+    }
+    let mut out = String::from("'");
+    for c in v.chars() {
+        match c {
+            '\'' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// `options` as the server splits it (at spaces, `\` escaping the next
+/// character): only settings, `-c name=value`, `-cname=value` or
+/// `--name=value`, are accepted. The server's errors quote any other
+/// argument (`invalid command-line argument for server process: ...`), and
+/// text that is no setting is most likely a password cut into this value;
+/// so it is refused before it is sent. libpq sends any text.
+fn check_options(o: &str) -> Result<(), DsnError> {
+    let mut args = Vec::new();
+    let mut cur: Option<String> = None;
+    let mut chars = o.chars();
+    while let Some(c) = chars.next() {
+        if is_space(c) {
+            args.extend(cur.take());
+            continue;
+        }
+        let arg = cur.get_or_insert_with(String::new);
+        if c == '\\' {
+            arg.extend(chars.next());
+        } else {
+            arg.push(c);
+        }
+    }
+    args.extend(cur);
+    let setting = |s: &str, dashes: bool| {
+        s.split_once('=').is_some_and(|(name, _)| {
+            !name.is_empty()
+                && name.chars().all(|c| {
+                    c.is_ascii_alphanumeric() || matches!(c, '_' | '.') || (dashes && c == '-')
+                })
+        })
+    };
+    let mut i = 0;
+    let mut n = 0;
+    while i < args.len() {
+        n += 1;
+        let a = args[i].as_str();
+        let ok = if a == "-c" {
+            i += 1;
+            args.get(i).is_some_and(|v| setting(v, false))
+        } else if let Some(r) = a.strip_prefix("--") {
+            setting(r, true)
+        } else if let Some(r) = a.strip_prefix("-c") {
+            setting(r, false)
+        } else {
+            false
+        };
+        if !ok {
+            return Err(DsnError::Value {
+                key: "options",
+                why: format!(
+                    "argument {n} is not a setting: pg-storage-exporter sends only -c name=value \
+                     and --name=value"
+                ),
+            });
+        }
+        i += 1;
+    }
+    Ok(())
+}
+
+/// Where a passfile's path came from: a path written in the DSN is DSN
+/// text, never printed (a password typed after `passfile=`).
+#[derive(Debug, Clone, Copy)]
+enum PassfileFrom {
+    Dsn,
+    Env,
+    Home,
+}
+
+fn passfile_shown(path: &Path, from: PassfileFrom) -> String {
+    match from {
+        PassfileFrom::Dsn => "the passfile named in the DSN".into(),
+        PassfileFrom::Env => format!("password file {} (PGPASSFILE)", path.display()),
+        PassfileFrom::Home => format!("password file {}", path.display()),
+    }
+}
+
+/// The cluster's `password_file`: the password alone, on one line. A
+/// second line, or an empty file, is refused rather than guessed at: the
+/// file is then not what the exporter expects (a libpq passfile given as
+/// `password_file`, whose first line would go to the server whole as a
+/// password; a rotation left half done), and sending the wrong secret
+/// would fail as an authentication error far from its cause.
+pub fn read_password_file(path: &Path) -> Result<String, DsnError> {
+    let err = |why: String| DsnError::PasswordFile {
+        path: path.to_path_buf(),
+        shown: format!("password file {}", path.display()),
+        why,
+    };
+    let text = crate::input::read_to_string(path, crate::input::Kind::Password)
+        .map_err(|e| err(e.to_string()))?;
+    let password = text.trim_end_matches(['\n', '\r']);
+    if let Some(i) = password.find(['\n', '\r']) {
+        let lines = password[i..].lines().filter(|l| !l.is_empty()).count() + 1;
+        return Err(err(format!(
+            "has {lines} lines; it must hold the password alone on one line (a libpq passfile, \
+             with host:port:database:user:password lines, goes in the DSN's passfile= or \
+             PGPASSFILE instead)"
+        )));
+    }
+    if password.is_empty() {
+        return Err(err(
+            "is empty; it must hold the password alone on one line".into()
+        ));
+    }
+    Ok(password.to_string())
+}
+
 /// Builds a connection target from a DSN, libpq's environment variables for
 /// keywords the DSN leaves out, an optional password file of our own
 /// (`password_file`: the password alone, one line), then libpq's passfile.
 pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<Target, DsnError> {
+    check_url_at_signs(dsn)?;
     let mut kv = parse(dsn)?;
-    if let Some(k) = kv.keys().find(|k| !SUPPORTED.contains(&k.as_str())) {
-        return Err(DsnError::Unsupported(k.clone()));
+    if let Some(k) = kv
+        .keys()
+        .find_map(|k| keyword(k).filter(|k| !SUPPORTED.contains(k)))
+    {
+        return Err(DsnError::Unsupported(k));
     }
-    for (var, key) in ENV_DEFAULTS {
+    let mut from_env = Vec::new();
+    for &(var, key) in ENV_DEFAULTS {
         // A configured password file is more specific than PGPASSWORD.
-        if *key == "password" && password_file.is_some() {
+        if key == "password" && password_file.is_some() {
             continue;
         }
         // libpq consults the variable only for a keyword the DSN does not
         // name at all: `host=''` means the default host, not PGHOST.
-        if !kv.contains_key(*key)
+        if !kv.contains_key(key)
             && let Some(v) = env(var)
             && !v.is_empty()
         {
-            kv.insert((*key).to_string(), v);
+            kv.insert(key.to_string(), v);
+            from_env.push((key, var));
         }
     }
-    let hosts = hosts_and_ports(&kv)?;
-    let user = given(&kv, "user")
+    // A value from an environment variable is no DSN text, but shown no
+    // more than one from the DSN: the error names the variable.
+    build(&kv, env, password_file, &from_env).map_err(|e| match e {
+        DsnError::Value { key, why } => match from_env.iter().find(|(k, _)| *k == key) {
+            Some((_, var)) => DsnError::Value {
+                key,
+                why: format!("{why} (the value comes from {var})"),
+            },
+            None => DsnError::Value { key, why },
+        },
+        e => e,
+    })
+}
+
+fn build(
+    kv: &BTreeMap<String, String>,
+    env: Env<'_>,
+    password_file: Option<&Path>,
+    from_env: &[(&str, &str)],
+) -> Result<Target, DsnError> {
+    let hosts = hosts_and_ports(kv)?;
+    let user = given(kv, "user")
         .map(str::to_string)
         .or_else(os_user)
         .unwrap_or_else(|| "postgres".into());
-    let dbname = given(&kv, "dbname")
+    let dbname = given(kv, "dbname")
         .map(str::to_string)
         .unwrap_or_else(|| user.clone());
-    let ssl_root_cert = given(&kv, "sslrootcert").map(PathBuf::from);
+    let ssl_root_cert = given(kv, "sslrootcert").map(PathBuf::from);
     let system_roots = ssl_root_cert
         .as_ref()
         .is_some_and(|p| p.as_os_str() == "system");
     // An empty sslmode is no sslmode at all, and libpq refuses it.
     let ssl_mode = match kv.get("sslmode") {
         Some(m) => SslMode::parse(m).ok_or_else(|| DsnError::Value {
-            key: "sslmode".into(),
-            value: m.clone(),
+            key: "sslmode",
             why: "use disable, allow, prefer, require, verify-ca or verify-full".into(),
         })?,
         // libpq: the system's trust store makes verify-full the default...
@@ -618,32 +1058,29 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
     // a check without the host name.
     if system_roots && ssl_mode != SslMode::VerifyFull {
         return Err(DsnError::Value {
-            key: "sslmode".into(),
-            value: ssl_mode.as_str().into(),
+            key: "sslmode",
             why: "weak sslmode may not be used with sslrootcert=system (use verify-full)".into(),
         });
     }
 
-    let mut password = given(&kv, "password").map(str::to_string);
+    let mut password = given(kv, "password").map(str::to_string);
     if password.is_none()
         && let Some(pf) = password_file
     {
-        let text = crate::input::read_to_string(pf, crate::input::Kind::Password).map_err(|e| {
-            DsnError::PasswordFile {
-                path: pf.to_path_buf(),
-                why: e.to_string(),
-            }
-        })?;
-        password = Some(text.trim_end_matches(['\n', '\r']).to_string());
+        password = Some(read_password_file(pf)?);
     }
     if password.is_none() {
-        let passfile = given(&kv, "passfile")
-            .map(PathBuf::from)
-            .or_else(|| env("HOME").map(|h| Path::new(&h).join(".pgpass")));
-        if let Some(pf) = passfile
-            && let Some(text) = pgpass_text(&pf)
+        let passfile = match given(kv, "passfile") {
+            Some(p) if from_env.iter().any(|(k, _)| *k == "passfile") => {
+                Some((PathBuf::from(p), PassfileFrom::Env))
+            }
+            Some(p) => Some((PathBuf::from(p), PassfileFrom::Dsn)),
+            None => env("HOME").map(|h| (Path::new(&h).join(".pgpass"), PassfileFrom::Home)),
+        };
+        if let Some((pf, from)) = passfile
+            && let Some(text) = pgpass_text(&pf, from)
         {
-            password = one_password(&text, &pf, &hosts, &dbname, &user)?;
+            password = one_password(&text, &pf, from, &hosts, &dbname, &user)?;
         }
     }
 
@@ -659,8 +1096,9 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
     if let Some(p) = &password {
         c.password(p.as_bytes());
     }
-    c.application_name(given(&kv, "application_name").unwrap_or("pg-storage-exporter"));
-    if let Some(o) = given(&kv, "options") {
+    c.application_name(given(kv, "application_name").unwrap_or("pg-storage-exporter"));
+    if let Some(o) = given(kv, "options") {
+        check_options(o)?;
         c.options(o);
     }
     // libpq: zero or negative waits indefinitely, and so does the exporter
@@ -686,8 +1124,7 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
             .ok()
             .filter(|&s| s > 0)
             .ok_or_else(|| DsnError::Value {
-                key: "keepalives_idle".into(),
-                value: k.clone(),
+                key: "keepalives_idle",
                 why: "use at least 1 second".into(),
             })?;
         c.keepalives_idle(Duration::from_secs(secs));
@@ -702,16 +1139,15 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
             "read-only" => A::ReadOnly,
             "primary" | "standby" | "prefer-standby" => {
                 return Err(DsnError::Value {
-                    key: "target_session_attrs".into(),
-                    value: t.clone(),
-                    why: "not supported by pg-storage-exporter: use any, read-write or read-only"
+                    key: "target_session_attrs",
+                    why: "primary, standby and prefer-standby are not supported by \
+                          pg-storage-exporter: use any, read-write or read-only"
                         .into(),
                 });
             }
             _ => {
                 return Err(DsnError::Value {
-                    key: "target_session_attrs".into(),
-                    value: t.clone(),
+                    key: "target_session_attrs",
                     why: "use any, read-write or read-only".into(),
                 });
             }
@@ -735,25 +1171,30 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
         SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
         _ => tokio_postgres::config::SslMode::Require,
     });
+    // Only parts that were parsed and checked: hosts that passed
+    // `reachable_host`, port numbers, the user and database names, the
+    // sslmode keyword.
     let list =
         |f: &dyn Fn(&(String, u16)) -> String| t.hosts.iter().map(f).collect::<Vec<_>>().join(",");
     t.display = format!(
-        "host={} port={} user={user} dbname={dbname} sslmode={}",
-        list(&|(h, _)| h.clone()),
+        "host={} port={} user={} dbname={} sslmode={}",
+        list(&|(h, _)| shown(h)),
         list(&|(_, p)| p.to_string()),
+        shown(&user),
+        shown(&dbname),
         ssl_mode.as_str()
     );
     Ok(t)
 }
 
 /// libpq's password file, unless others can read it.
-fn pgpass_text(path: &Path) -> Option<String> {
+fn pgpass_text(path: &Path, from: PassfileFrom) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
     if meta.mode() & 0o077 != 0 {
         // libpq ignores a password file others can read, and so do we.
         tracing::warn!(
-            file = %path.display(),
+            file = %passfile_shown(path, from),
             "password file has group or world access; ignoring it (chmod 0600)"
         );
         return None;
@@ -763,7 +1204,7 @@ fn pgpass_text(path: &Path) -> Option<String> {
         // libpq warns about a passfile that is not a plain file and goes
         // on without it; so does a missing or unreadable one here, silently.
         Err(e) if e.get_ref().is_some_and(|r| r.is::<crate::input::Refused>()) => {
-            tracing::warn!(file = %path.display(), error = %e, "ignoring the password file");
+            tracing::warn!(file = %passfile_shown(path, from), error = %e, "ignoring the password file");
             None
         }
         Err(_) => None,
@@ -777,6 +1218,7 @@ fn pgpass_text(path: &Path) -> Option<String> {
 fn one_password(
     text: &str,
     path: &Path,
+    from: PassfileFrom,
     hosts: &[(String, u16)],
     db: &str,
     user: &str,
@@ -790,6 +1232,7 @@ fn one_password(
     }
     Err(DsnError::PasswordFile {
         path: path.to_path_buf(),
+        shown: passfile_shown(path, from),
         why: "its lines give the hosts of this DSN different passwords (or a password to some \
               of them only), and one password is sent to whichever host answers: give the \
               password in the DSN, a password_file or PGPASSWORD, or make the lines agree"
@@ -941,11 +1384,12 @@ mod tests {
     }
 
     #[test]
-    fn refuses_unknown_and_unsupported_options_by_name() {
+    fn refuses_unknown_and_unsupported_options_by_place_or_keyword() {
         let e = target("host=x colour=blue", &no_env, None).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "invalid connection string: unknown connection option \"colour\""
+            "invalid connection string: unknown connection option at character 8, after the value \
+             of \"host\" (if that value has a space in it, quote it: host='...')"
         );
         let e = target("host=x sslcert=/c.pem", &no_env, None).unwrap_err();
         assert_eq!(
@@ -953,13 +1397,156 @@ mod tests {
             "connection option \"sslcert\" is not supported by pg-storage-exporter"
         );
         let e = target("host=x sslmode=maybe", &no_env, None).unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("\"sslmode\": invalid value \"maybe\""),
-            "{e}"
+        assert_eq!(
+            e.to_string(),
+            "connection option \"sslmode\": use disable, allow, prefer, require, verify-ca or \
+             verify-full"
         );
         let e = target("host=x port=http", &no_env, None).unwrap_err();
-        assert!(e.to_string().contains("\"port\""), "{e}");
+        assert_eq!(
+            e.to_string(),
+            "connection option \"port\": not a port number from 1 to 65535"
+        );
+        let e = target("host=x,y port=5432,http", &no_env, None).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "connection option \"port\": item 2 of 2: not a port number from 1 to 65535"
+        );
+        // A value from the environment names its variable.
+        let env = |k: &str| (k == "PGSSLMODE").then(|| "maybe".to_string());
+        let e = target("host=x", &env, None).unwrap_err();
+        assert!(
+            e.to_string().ends_with("(the value comes from PGSSLMODE)"),
+            "{e}"
+        );
+    }
+
+    /// The defect this module's errors were rewritten for: libpq (and the
+    /// parser before) quoted the word after an unquoted password, the
+    /// host after a second `@` and the port before a `/`.
+    #[test]
+    fn errors_never_quote_what_may_be_a_password() {
+        let cases = [
+            (
+                "host=h user=u password=Sekr1t Zebra42",
+                "missing \"=\" after the word at character 31, which follows the unquoted value of \
+                 \"password\"",
+            ),
+            (
+                "postgresql://u:PWMARK30@x@127.0.0.1/db",
+                "a second \"@\" before its first \"/\" (characters 24 and 26)",
+            ),
+            (
+                "postgresql://u:PWMARK32/x@127.0.0.1/db",
+                "an \"@\" after its first \"/\" (character 26)",
+            ),
+            (
+                "host=h password=PWMARK04 PWMARK04b=x",
+                "unknown connection option at character 26, after the value of \"password\"",
+            ),
+            (
+                "host=h password='PWMARK05",
+                "unterminated quoted value of \"password\" at character 8 (its quote is at \
+                 character 17)",
+            ),
+            (
+                "host=h password=PWMARK06 sslmode=PWMARK06b",
+                "connection option \"sslmode\": use disable",
+            ),
+            (
+                "host=h password=Sekr1t host=PW@MARK07",
+                "connection option \"host\": not a host name",
+            ),
+            (
+                "host=h options=PWMARK08",
+                "connection option \"options\": argument 1 is not a setting",
+            ),
+            (
+                "postgresql://u:PW%zMARK09@h/db",
+                "invalid percent-encoded token in the URL's password at character 18",
+            ),
+            (
+                "postgresql://u:PW MARK10@h/db",
+                "unexpected space in the URL's password at character 18",
+            ),
+            (
+                "postgresql://u@h:PWMARK11/db",
+                "connection option \"port\": not a port number",
+            ),
+            (
+                "postgresql://u:a/b?PWMARK12@h/db",
+                "an \"@\" after its first \"/\" (character 28)",
+            ),
+        ];
+        for (dsn, want) in cases {
+            let e = target(dsn, &no_env, None).unwrap_err().to_string();
+            assert!(e.contains(want), "{dsn}: {e}");
+            for piece in ["PW", "MARK", "Sekr1t", "Zebra42"] {
+                assert!(!e.contains(piece), "{dsn}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn options_are_settings_only() {
+        for ok in [
+            r"-c search_path=a\\ b",
+            "-csearch_path=x --work-mem=4MB",
+            "  -c geqo=off   -c x.y=1 ",
+        ] {
+            let t = target(&format!("host=h options='{ok}'"), &no_env, None);
+            assert!(t.is_ok(), "{ok}: {t:?}");
+        }
+        for bad in ["-c", "-c =x", "x", "-d 2", "--=1", "-c a b=1"] {
+            let e = target(&format!("host=h options='{bad}'"), &no_env, None).unwrap_err();
+            assert!(
+                e.to_string().contains("\"options\": argument"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn display_quotes_names_that_would_not_read_back() {
+        let t = target(
+            r"host=/run/pg user='mon itor' dbname='it\'s'",
+            &no_env,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            t.display,
+            r"host=/run/pg port=5432 user='mon itor' dbname='it\'s' sslmode=prefer"
+        );
+        let t = target("host=h user='a\nb'", &no_env, None).unwrap();
+        assert!(!t.display.contains('\n'), "{}", t.display);
+    }
+
+    #[test]
+    fn a_password_file_holds_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let pf = dir.path().join("pw");
+        for (text, want) in [
+            ("Sekr1t\n", Ok("Sekr1t")),
+            ("Sekr1t\r\n\n", Ok("Sekr1t")),
+            ("Sekr1t with spaces", Ok("Sekr1t with spaces")),
+            ("Sekr1t\nZebra42\n", Err("has 2 lines")),
+            ("h:5432:*:u:Sekr1t\n*:*:*:*:Zebra42\n\n", Err("has 2 lines")),
+            ("Sekr1t\n\nZebra42", Err("has 2 lines")),
+            ("\n", Err("is empty")),
+        ] {
+            std::fs::write(&pf, text).unwrap();
+            match (read_password_file(&pf), want) {
+                (Ok(pw), Ok(w)) => assert_eq!(pw, w),
+                (Err(e), Err(w)) => {
+                    let e = e.to_string();
+                    assert!(e.contains(w), "{text:?}: {e}");
+                    assert!(e.starts_with(&format!("password file {}: ", pf.display())));
+                    assert!(!e.contains("Sekr1t") && !e.contains("Zebra42"), "{e}");
+                }
+                (got, w) => panic!("{text:?}: {got:?}, want {w:?}"),
+            }
+        }
     }
 
     #[test]
@@ -1040,9 +1627,22 @@ mod tests {
         for rest in ["host=h1,h2 port=5432,5433", "host=h1,h3 port=5432"] {
             let e = target(&dsn(rest), &no_env, None).unwrap_err();
             let text = e.to_string();
-            assert!(text.starts_with("password file "), "{text}");
+            // A path written in the DSN is DSN text: named, not quoted.
+            assert!(
+                text.starts_with("the passfile named in the DSN: "),
+                "{text}"
+            );
+            assert!(!text.contains(&pf.display().to_string()), "{text}");
             assert!(!text.contains("Pw1xq") && !text.contains("Pw2xq"), "{text}");
         }
+        // From PGPASSFILE it is no DSN text, and the path is shown.
+        let env = |k: &str| (k == "PGPASSFILE").then(|| pf.display().to_string());
+        let e = target("user=u host=h1,h2 port=5432,5433", &env, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("password file {} (PGPASSFILE): ", pf.display())),
+            "{e}"
+        );
     }
 
     #[test]

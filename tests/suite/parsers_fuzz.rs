@@ -43,6 +43,37 @@ proptest! {
         let _ = dsn::pgpass_lookup(&t, &host, port, "db", "u");
     }
 
+    /// A password of characters libpq's syntax gives a meaning, and a
+    /// marker, in each place a DSN holds one: whatever the DSN becomes (a
+    /// target or an error), what the exporter would print of it never
+    /// shows the marker.
+    #[test]
+    fn dsn_errors_and_targets_never_show_a_password(
+        pieces in proptest::collection::vec(
+            prop_oneof![
+                Just(" "), Just("'"), Just("\\"), Just("@"), Just("/"), Just("?"), Just("#"),
+                Just("%"), Just("%4"), Just("%41"), Just("%00"), Just(":"), Just(","), Just("="),
+                Just("&"), Just("["), Just("]"), Just("QZXJ"), Just("QZXJ7"),
+            ],
+            1..10,
+        ),
+        shape in 0usize..5,
+    ) {
+        let pw: String = pieces.concat();
+        let dsn = match shape {
+            0 => format!("host=h user=u password={pw} dbname=d"),
+            1 => format!("host=h user=u password='{pw}' dbname=d"),
+            2 => format!("postgresql://u:{pw}@h:5432/d"),
+            3 => format!("postgresql://u@h/d?password={pw}&sslmode=disable"),
+            _ => format!("postgresql://u:{pw}@h1,h2:5433/d?sslmode=disable"),
+        };
+        let shown = match dsn::target(&dsn, &|_| None, None) {
+            Ok(t) => t.display,
+            Err(e) => e.to_string(),
+        };
+        prop_assert!(!shown.contains("QZXJ"), "{}: {}", dsn, shown);
+    }
+
     #[test]
     fn units_never_panic(t in ".{0,40}") {
         let _ = units::parse_bytes(&t);

@@ -685,3 +685,130 @@ fn a_reload_stuck_on_a_disk_that_stopped_answering_times_out_and_the_next_applie
     assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
     assert!(dir_entries(&vol).is_empty(), "{:?}", dir_entries(&vol));
 }
+
+/// A new password (a rotated `password_file`, the server's role changed
+/// with it) reconnects the cluster and keeps the volume its discovery
+/// added: the probe thread, its window and counters go on. Before, the
+/// reload stopped the discovered volume and discovery created it again,
+/// its window and counts starting over.
+#[test]
+fn sighup_with_a_new_password_keeps_the_discovered_volume() {
+    let old_pw = "Old-Pa55word-reload";
+    let new_pw = "New-Pa55word-reload";
+    // The configured volume is on tmpfs, so the cluster's filesystem is
+    // one discovery adds.
+    let shm = tempfile::Builder::new()
+        .prefix("pgse-reload-")
+        .tempdir_in("/dev/shm")
+        .unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let pw_file = secrets.path().join("mon.password");
+    std::fs::write(&pw_file, format!("{old_pw}\n")).unwrap();
+    let base = format!(
+        "window = \"1m\"\n[[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [\"commit\"]\n\
+         interval = \"100ms\"\nfree_space_reserve = \"0\"\n",
+        shm.path().display()
+    );
+    let Some(mut stack) = Stack::builder()
+        .pg_version(PgKind::V16)
+        .password(old_pw)
+        .role("mon", true)
+        .config(&base)
+        .args(&[
+            "--probe.read-file-size",
+            "4MiB",
+            "--probe.free-space-reserve",
+            "0",
+        ])
+        .ready("volume t probing", WAIT, |m| count(m, "t", "commit") >= 2.0)
+        .start()
+    else {
+        return;
+    };
+    let cfg = stack.config_path();
+    let (pg, ex) = (&stack.pg, &mut stack.ex);
+    let cluster = |extra: &str| {
+        format!(
+            "{base}[[cluster]]\nname = \"c\"\ndsn = \"host=127.0.0.1 port={} user=mon \
+             dbname=postgres sslmode=disable\"\npassword_file = \"{}\"\n\
+             scrape_interval = \"500ms\"\n{extra}",
+            pg.port(),
+            pw_file.display()
+        )
+    };
+    std::fs::write(&cfg, cluster("")).unwrap();
+    ex.signal(libc::SIGHUP);
+    let m = ex.wait_for("cluster c up and c/data probed for a while", WAIT, |m| {
+        sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
+            && count(m, "c/data", "read") >= 5.0
+    });
+    let before = count(&m, "c/data", "read");
+
+    // The password rotates: the server's first, then the file, then SIGHUP.
+    pg.psql(&format!("ALTER ROLE mon PASSWORD '{new_pw}'"));
+    std::fs::write(&pw_file, format!("{new_pw}\n")).unwrap();
+    ex.signal(libc::SIGHUP);
+    ex.wait_for("the reload applied and c up again", WAIT, |m| {
+        reload_counter(m, "success") == 2.0
+            && sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
+    });
+    // Discovery has run again once c/data counts past where it was, or
+    // once it was configured a second time (its count then restarts).
+    let configured = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("volume configured") && l.contains("c/data"))
+            .count()
+    };
+    let m = ex.wait_for("c/data counting on, or created again", WAIT, |m| {
+        count(m, "c/data", "read") > before || configured(&ex.log()) > 1
+    });
+    let after = count(&m, "c/data", "read");
+    let log = ex.log();
+    println!(
+        "password reload: c/data read count {before} -> {after}, configured {} time(s)",
+        configured(&log)
+    );
+    assert!(after > before, "c/data started over: {before} -> {after}");
+    assert_eq!(
+        configured(&log),
+        1,
+        "c/data was configured again by the reload:\n{log}"
+    );
+    assert!(
+        log.contains("discovered volume kept across the reload"),
+        "{log}"
+    );
+    assert!(log.contains("clusters_changed=\"[\\\"c\\\"]\""), "{log}");
+    assert!(
+        log.contains("discovered_volumes_kept=\"[\\\"c/data\\\"]\""),
+        "{log}"
+    );
+    assert!(log.contains("discovered_volumes_removed=[]"), "{log}");
+    assert_eq!(
+        occurrences(&log, "volume stopped by the reload"),
+        0,
+        "{log}"
+    );
+    ex.wait_for("c/data still counting from where it was", WAIT, |m| {
+        count(m, "c/data", "read") > after
+    });
+    // The new password is in use, the old one refused.
+    assert!(pg.psql_tcp("mon", new_pw, "SELECT 1").is_ok());
+    assert!(pg.psql_tcp("mon", old_pw, "SELECT 1").is_err());
+
+    // A change that moves the volume (here: discovery turned off) still
+    // stops it.
+    std::fs::write(&cfg, cluster("discover_volumes = false\n")).unwrap();
+    ex.signal(libc::SIGHUP);
+    ex.wait_for("c/data gone", WAIT, |m| {
+        reload_counter(m, "success") == 3.0 && !m.contains("volume=\"c/data\"")
+    });
+    let log = ex.log();
+    assert!(
+        log.contains("discovered_volumes_removed=\"[\\\"c/data\\\"]\""),
+        "{log}"
+    );
+    assert!(!log.contains(old_pw) && !log.contains(new_pw), "{log}");
+    ex.signal(libc::SIGTERM);
+    assert!(ex.wait_exit(WAIT).success(), "{}", ex.log());
+}

@@ -10,6 +10,7 @@ pub mod audit;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub(crate) mod errno;
 pub mod events;
 pub mod exposition;
 pub mod families;

@@ -159,7 +159,7 @@ pub async fn serve(
                 let errno = e.raw_os_error().unwrap_or(0);
                 server
                     .metrics
-                    .accept_failed(crate::probe::errno_name(errno));
+                    .accept_failed(crate::errno::name(crate::errno::Set::Io, errno));
                 match failing.failed((), errno, std::time::Instant::now()) {
                     Report::New => tracing::warn!(
                         listener = %local, error = %e,

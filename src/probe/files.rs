@@ -35,9 +35,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use thiserror::Error;
 
+use crate::errno::{self, Set};
+use crate::probe::Rng;
 use crate::probe::lock::{self, Identity, Record, Seen};
 use crate::probe::settings::BLOCK_SIZE;
-use crate::probe::{Rng, errno_name};
 use crate::types::{Shown, SyncMethod};
 use crate::units::fmt_bytes;
 
@@ -86,7 +87,7 @@ pub enum SetupError {
     },
     #[error(
         "{}: the filesystem refuses O_DIRECT ({}); the read probe cannot bypass the page cache here",
-        Shown(path), errno_name(*errno)
+        Shown(path), errno::name(Set::Io, *errno)
     )]
     DirectIoUnsupported { path: PathBuf, errno: i32 },
     #[error("{what} {}: {source}", Shown(path))]
@@ -128,7 +129,9 @@ impl SetupError {
             // set already has.
             SetupError::Symlink { .. } => "ELOOP",
             SetupError::Replaced { .. } => "replaced",
-            SetupError::Io { source, .. } => errno_name(source.raw_os_error().unwrap_or(0)),
+            SetupError::Io { source, .. } => {
+                errno::name(Set::Io, source.raw_os_error().unwrap_or(0))
+            }
             SetupError::Engine(_) => "io_uring_unavailable",
             SetupError::Stopped => "stopped",
         }

@@ -20,6 +20,7 @@ pub mod sweep;
 
 use std::fmt;
 
+use crate::errno::{self, Set};
 use crate::types::Op;
 
 /// One failed IO, labelled for `pgstorage_probe_errors_total`.
@@ -41,7 +42,7 @@ impl Cause {
     /// Bounded label value: the errno's symbolic name, or `short_io`.
     pub fn label(self) -> &'static str {
         match self {
-            Cause::Errno(e) => errno_name(e),
+            Cause::Errno(e) => errno::name(Set::Io, e),
             Cause::Short => "short_io",
         }
     }
@@ -58,51 +59,11 @@ impl fmt::Display for IoFailure {
                 f,
                 "{} failed: {} ({})",
                 self.op,
-                errno_name(e),
+                errno::name(Set::Io, e),
                 std::io::Error::from_raw_os_error(e)
             ),
             Cause::Short => write!(f, "{} transferred less than 8 KiB", self.op),
         }
-    }
-}
-
-/// Symbolic errno names for the errors storage IO actually returns. Anything
-/// else is `other`, which keeps the label set bounded.
-pub fn errno_name(e: i32) -> &'static str {
-    match e {
-        libc::EIO => "EIO",
-        libc::ENOSPC => "ENOSPC",
-        libc::EDQUOT => "EDQUOT",
-        libc::EROFS => "EROFS",
-        libc::EINVAL => "EINVAL",
-        libc::EBADF => "EBADF",
-        libc::EPERM => "EPERM",
-        libc::EACCES => "EACCES",
-        libc::EAGAIN => "EAGAIN",
-        libc::EINTR => "EINTR",
-        libc::ENOMEM => "ENOMEM",
-        libc::EFBIG => "EFBIG",
-        libc::ENODEV => "ENODEV",
-        libc::ENXIO => "ENXIO",
-        libc::ENOENT => "ENOENT",
-        libc::ECANCELED => "ECANCELED",
-        libc::ETIMEDOUT => "ETIMEDOUT",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::ENOSYS => "ENOSYS",
-        libc::ESTALE => "ESTALE",
-        libc::EFAULT => "EFAULT",
-        libc::EBUSY => "EBUSY",
-        libc::EMFILE => "EMFILE",
-        libc::ENFILE => "ENFILE",
-        libc::ELOOP => "ELOOP",
-        libc::EEXIST => "EEXIST",
-        libc::ENOTDIR => "ENOTDIR",
-        libc::EISDIR => "EISDIR",
-        libc::EUCLEAN => "EUCLEAN",
-        libc::ENOLINK => "ENOLINK",
-        libc::ECONNRESET => "ECONNRESET",
-        libc::EHOSTDOWN => "EHOSTDOWN",
-        _ => "other",
     }
 }
 

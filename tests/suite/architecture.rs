@@ -14,13 +14,17 @@ use std::path::{Path, PathBuf};
 const ALLOWED: &[(&str, &[&str])] = &[
     ("units", &[]),
     ("types", &[]),
+    ("errno", &[]),
     ("families", &[]),
     ("sys", &[]),
     ("events", &[]),
     ("input", &[]),
     ("audit", &[]),
     ("model", &["types", "units"]),
-    ("probe", &["model", "types", "units", "events", "sys"]),
+    (
+        "probe",
+        &["model", "types", "units", "events", "sys", "errno"],
+    ),
     (
         "postgres",
         &[
@@ -30,7 +34,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "limits",
         &[
-            "model", "types", "units", "events", "families", "sys", "input",
+            "model", "types", "units", "events", "families", "sys", "input", "errno",
         ],
     ),
     (
@@ -52,6 +56,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "postgres",
             "limits",
             "input",
+            "errno",
         ],
     ),
     (

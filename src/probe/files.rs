@@ -38,7 +38,6 @@ use thiserror::Error;
 use crate::errno::{self, Set};
 use crate::probe::Rng;
 use crate::probe::lock::{self, Identity, Record, Seen};
-use crate::probe::settings::BLOCK_SIZE;
 use crate::types::{Shown, SyncMethod};
 use crate::units::fmt_bytes;
 
@@ -1120,9 +1119,6 @@ fn unlinkat(dir: &OwnedFd, name: &str) -> io::Result<()> {
     Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
 }
 
-/// An 8 KiB buffer aligned for `O_DIRECT`, for the engines' reads.
-pub type AlignedBuf = crate::sys::AlignedBuf<BLOCK_SIZE>;
-
 /// The descriptor of a probe file, for the engines.
 pub fn raw(f: &File) -> BorrowedFd<'_> {
     f.as_fd()
@@ -1593,12 +1589,5 @@ mod tests {
             Err(e) => assert_eq!(e.label(), "no_direct_io", "{e}"),
         }
         assert!(pd.remove_all().is_empty());
-    }
-
-    #[test]
-    fn aligned_buffer_is_aligned() {
-        let b = AlignedBuf::new();
-        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
-        assert_eq!(b.len(), 8192);
     }
 }

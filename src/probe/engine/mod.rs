@@ -14,17 +14,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+pub use self::syscall::CommitTiming;
 use crate::probe::IoFailure;
 use crate::types::{EngineChoice, EngineKind, SyncMethod};
-
-/// Timings of one commit probe.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CommitTiming {
-    pub write: Duration,
-    /// `None` when the sync method has no separate sync call.
-    pub sync: Option<Duration>,
-    pub commit: Duration,
-}
 
 /// io_uring was required but cannot be used.
 #[derive(Debug, Error)]
@@ -116,12 +108,4 @@ pub fn require(choice: EngineChoice) -> Result<(), EngineUnavailable> {
             .map_err(|reason| EngineUnavailable { reason })?;
     }
     Ok(())
-}
-
-/// Fills the payload of the next WAL block: random bytes (so compression
-/// and dedup cannot skip the write) stamped with a sequence number.
-pub(crate) fn stamp(buf: &mut [u8], seq: u64) {
-    if buf.len() >= 8 {
-        buf[..8].copy_from_slice(&seq.to_le_bytes());
-    }
 }

@@ -5,10 +5,21 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use crate::probe::files::AlignedBuf;
 use crate::probe::settings::BLOCK_SIZE;
 use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, SyncMethod};
+
+/// An 8 KiB buffer aligned for `O_DIRECT`, for the reads.
+type AlignedBuf = crate::sys::AlignedBuf<BLOCK_SIZE>;
+
+/// Timings of one commit probe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CommitTiming {
+    pub write: Duration,
+    /// `None` when the sync method has no separate sync call.
+    pub sync: Option<Duration>,
+    pub commit: Duration,
+}
 
 #[derive(Debug)]
 pub struct SyncEngine {
@@ -67,9 +78,9 @@ impl Committer {
         fd: BorrowedFd<'_>,
         offset: u64,
         method: SyncMethod,
-    ) -> Result<super::CommitTiming, IoFailure> {
+    ) -> Result<CommitTiming, IoFailure> {
         self.seq += 1;
-        super::stamp(&mut self.buf, self.seq);
+        stamp(&mut self.buf, self.seq);
         let buf = &self.buf[..self.buf.len().min(BLOCK_SIZE)];
         let fail = |op, cause| IoFailure { op, cause };
         let t0 = Instant::now();
@@ -81,7 +92,7 @@ impl Committer {
         }
         if !method.has_sync_call() {
             let d = t1 - t0;
-            return Ok(super::CommitTiming {
+            return Ok(CommitTiming {
                 write: d,
                 sync: None,
                 commit: d,
@@ -96,7 +107,7 @@ impl Committer {
         })
         .map_err(|e| fail(Op::Sync, Cause::Errno(e)))?;
         let t2 = Instant::now();
-        Ok(super::CommitTiming {
+        Ok(CommitTiming {
             write: t1 - t0,
             sync: Some(t2 - t1),
             commit: t2 - t0,
@@ -127,5 +138,25 @@ impl SyncEngine {
             });
         }
         Ok(d)
+    }
+}
+
+/// Fills the payload of the next WAL block: random bytes (so compression
+/// and dedup cannot skip the write) stamped with a sequence number.
+fn stamp(buf: &mut [u8], seq: u64) {
+    if buf.len() >= 8 {
+        buf[..8].copy_from_slice(&seq.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buffer_is_aligned() {
+        let b = AlignedBuf::new();
+        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
+        assert_eq!(b.len(), 8192);
     }
 }

@@ -10,6 +10,7 @@ pub mod audit;
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod entry;
 pub(crate) mod errno;
 pub mod events;
 pub mod exposition;

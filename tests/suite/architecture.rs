@@ -89,6 +89,12 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "units",
         ],
     ),
+    (
+        "entry",
+        &[
+            "app", "audit", "check", "cli", "config", "http", "logging", "model", "postgres", "sys",
+        ],
+    ),
 ];
 
 /// Blocking filesystem calls that must not run on an async worker: on a

@@ -14,15 +14,15 @@ type AlignedBuf = crate::sys::AlignedBuf<BLOCK_SIZE>;
 
 /// Timings of one commit probe.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CommitTiming {
-    pub write: Duration,
+pub(crate) struct CommitTiming {
+    pub(crate) write: Duration,
     /// `None` when the sync method has no separate sync call.
-    pub sync: Option<Duration>,
-    pub commit: Duration,
+    pub(crate) sync: Option<Duration>,
+    pub(crate) commit: Duration,
 }
 
 #[derive(Debug)]
-pub struct SyncEngine {
+pub(crate) struct SyncEngine {
     read_buf: AlignedBuf,
 }
 
@@ -47,7 +47,7 @@ fn retry_eintr<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> Result<T, i32
 /// The commit probe's state: the payload of the next WAL block and its
 /// sequence number. The same for both engines (see [`Committer::commit`]).
 #[derive(Debug)]
-pub struct Committer {
+pub(crate) struct Committer {
     buf: Vec<u8>,
     seq: u64,
 }
@@ -59,7 +59,7 @@ impl Default for Committer {
 }
 
 impl Committer {
-    pub fn new() -> Committer {
+    pub(crate) fn new() -> Committer {
         let mut buf = vec![0u8; BLOCK_SIZE];
         Rng::seeded().fill(&mut buf);
         Committer { buf, seq: 0 }
@@ -73,7 +73,7 @@ impl Committer {
     /// sync to a kernel worker thread: one more wake-up per commit. Measured on
     /// the build machine, back to back: io_uring commits p50 97-100 µs at 35 µs
     /// of CPU each, these 78-89 µs at 21-22 µs.
-    pub fn commit(
+    pub(crate) fn commit(
         &mut self,
         fd: BorrowedFd<'_>,
         offset: u64,
@@ -116,13 +116,13 @@ impl Committer {
 }
 
 impl SyncEngine {
-    pub fn new() -> SyncEngine {
+    pub(crate) fn new() -> SyncEngine {
         SyncEngine {
             read_buf: AlignedBuf::new(),
         }
     }
 
-    pub fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
+    pub(crate) fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
         let buf = self.read_buf.as_mut_slice();
         let t0 = Instant::now();
         let n =
@@ -156,7 +156,10 @@ mod tests {
     #[test]
     fn aligned_buffer_is_aligned() {
         let b = AlignedBuf::new();
-        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
-        assert_eq!(b.len(), 8192);
+        assert_eq!(
+            b.as_slice().as_ptr() as usize % crate::sys::DIRECT_IO_ALIGN,
+            0
+        );
+        assert_eq!(b.as_slice().len(), 8192);
     }
 }

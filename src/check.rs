@@ -14,7 +14,7 @@
 //! its sweep's plateau, its cgroup's limit) and one verdict whose level is
 //! that of its most serious finding: latency warnings, plateaus, the audit.
 
-pub mod ceiling;
+pub(crate) mod ceiling;
 mod progress;
 
 use std::path::{Path, PathBuf};
@@ -46,94 +46,96 @@ use progress::Progress;
 /// The idle time before each lone commit: the daemon's, at its default
 /// interval ([`after_idle_pause`]), so that `check` and the daemon mean the
 /// same by "after a pause". 250 ms keeps eight of them within two seconds.
-pub fn after_idle_pause_default() -> Duration {
+pub(crate) fn after_idle_pause_default() -> Duration {
     after_idle_pause(ProbeSettings::default().interval)
 }
 /// Lone commits at most; fewer when the commit half is short.
 const AFTER_IDLE_COMMITS: u32 = 8;
 
 #[derive(Debug, Clone)]
-pub struct CheckOptions {
-    pub path: PathBuf,
-    pub duration: Duration,
-    pub sync_method: SyncMethod,
-    pub engine: EngineChoice,
-    pub read_file_size: u64,
-    pub free_space_reserve: u64,
-    pub probe_dir: Option<PathBuf>,
-    pub cache_served_threshold: Duration,
-    pub commit: bool,
-    pub read: bool,
+pub(crate) struct CheckOptions {
+    pub(crate) path: PathBuf,
+    pub(crate) duration: Duration,
+    pub(crate) sync_method: SyncMethod,
+    pub(crate) engine: EngineChoice,
+    pub(crate) read_file_size: u64,
+    pub(crate) free_space_reserve: u64,
+    pub(crate) probe_dir: Option<PathBuf>,
+    pub(crate) cache_served_threshold: Duration,
+    pub(crate) commit: bool,
+    pub(crate) read: bool,
     /// Queue-depth sweep duration; `None` = no sweep.
-    pub sweep: Option<Duration>,
+    pub(crate) sweep: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    pub path: PathBuf,
+pub(crate) struct Report {
+    pub(crate) path: PathBuf,
     /// The most commits per second one client can do on this volume: the
     /// lowest of [`Report::commit_ceilings`]. `None` with neither a commit
     /// probe nor a known write cap.
-    pub commit_ceiling_in_force_per_second: Option<f64>,
+    pub(crate) commit_ceiling_in_force_per_second: Option<f64>,
     /// The basis of the ceiling in force: `probe_mean` or `cap`.
-    pub basis: Option<&'static str>,
+    pub(crate) basis: Option<&'static str>,
     /// The ceiling on every basis `check` has.
-    pub commit_ceilings: Vec<Ceiling>,
+    pub(crate) commit_ceilings: Vec<Ceiling>,
     /// The one verdict: the most serious of the warnings, the sweep's
     /// plateaus, the cgroup's write cap and the audit's findings.
-    pub verdict: Verdict,
-    pub probe_dir: PathBuf,
-    pub fstype: String,
-    pub device: String,
-    pub majmin: String,
-    pub engine: EngineKind,
-    pub engine_fallback_reason: Option<String>,
-    pub sync_method: SyncMethod,
-    pub duration_seconds: f64,
-    pub write: Option<OpStats>,
-    pub sync: Option<OpStats>,
-    pub commit: Option<OpStats>,
-    pub read: Option<OpStats>,
+    pub(crate) verdict: Verdict,
+    pub(crate) probe_dir: PathBuf,
+    pub(crate) fstype: String,
+    pub(crate) device: String,
+    pub(crate) majmin: String,
+    pub(crate) engine: EngineKind,
+    pub(crate) engine_fallback_reason: Option<String>,
+    pub(crate) sync_method: SyncMethod,
+    pub(crate) duration_seconds: f64,
+    pub(crate) write: Option<OpStats>,
+    pub(crate) sync: Option<OpStats>,
+    pub(crate) commit: Option<OpStats>,
+    pub(crate) read: Option<OpStats>,
     /// Lone commits, each after [`after_idle_pause_default`] of idle.
-    pub after_idle_commit: Option<OpStats>,
+    pub(crate) after_idle_commit: Option<OpStats>,
     /// The pause before each of them, in seconds.
-    pub after_idle_pause_seconds: f64,
-    pub errors: Vec<String>,
-    pub reads_total: u64,
-    pub cache_served_reads: u64,
+    pub(crate) after_idle_pause_seconds: f64,
+    pub(crate) errors: Vec<String>,
+    pub(crate) reads_total: u64,
+    pub(crate) cache_served_reads: u64,
     /// The write-IOPS limit on this volume's disk in the cgroup `check`
     /// ran in, when it could read one.
-    pub cgroup_write_iops_cap: Option<u64>,
-    pub warnings: Vec<Warning>,
-    pub interrupted: bool,
+    pub(crate) cgroup_write_iops_cap: Option<u64>,
+    pub(crate) warnings: Vec<Warning>,
+    pub(crate) interrupted: bool,
     /// The sweep's 8 KiB random reads, when asked for (also the first of
     /// `sweep_tables`; kept for readers of the read-only sweep's report).
-    pub sweep: Option<Vec<DepthPoint>>,
+    pub(crate) sweep: Option<Vec<DepthPoint>>,
     /// Read IOPS plateau found by the sweep.
-    pub sweep_plateau_read_iops: Option<f64>,
+    pub(crate) sweep_plateau_read_iops: Option<f64>,
     /// Every workload of the sweep (read and write IOPS, read and write
     /// bandwidth), each with its points and plateau.
-    pub sweep_tables: Option<Vec<Table>>,
+    pub(crate) sweep_tables: Option<Vec<Table>>,
     /// The storage-configuration audit of this volume and its host.
-    pub audit: AuditReport,
+    pub(crate) audit: AuditReport,
 }
 
 /// The audit as `check` prints it: the volume's findings and the host's.
 #[derive(Debug, Clone, Serialize)]
-pub struct AuditReport {
-    pub path: PathBuf,
-    pub volume: crate::audit::Outcome,
-    pub host: crate::audit::Outcome,
+pub(crate) struct AuditReport {
+    pub(crate) path: PathBuf,
+    pub(crate) volume: crate::audit::Outcome,
+    pub(crate) host: crate::audit::Outcome,
     /// With `--pg.dsn`: the cluster's findings.
-    pub cluster: Option<crate::audit::Outcome>,
+    pub(crate) cluster: Option<crate::audit::Outcome>,
     /// Files that exist but could not be read or parsed.
-    pub read_errors: Vec<String>,
+    pub(crate) read_errors: Vec<String>,
 }
 
 impl AuditReport {
     /// Every finding with its scope (`volume`, `host`, `cluster`), in the
     /// order `check` prints them.
-    pub fn findings(&self) -> impl Iterator<Item = (&'static str, &crate::audit::Finding)> + '_ {
+    pub(crate) fn findings(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, &crate::audit::Finding)> + '_ {
         let cluster = self.cluster.iter().flat_map(|c| &c.findings);
         self.volume
             .findings
@@ -146,7 +148,7 @@ impl AuditReport {
 
 /// Audits the volume holding `path` and the host, from /proc and /sys.
 /// `sync_too_fast` is the probe's evidence, `None` without a probe run.
-pub fn audit(path: &Path, sync_too_fast: Option<bool>) -> AuditReport {
+pub(crate) fn audit(path: &Path, sync_too_fast: Option<bool>) -> AuditReport {
     let roots = Roots::default();
     let fs = fsinfo::lookup(path, &roots);
     let disk = fs.disk.map(|d| d.name);
@@ -170,14 +172,14 @@ pub fn audit(path: &Path, sync_too_fast: Option<bool>) -> AuditReport {
 
 /// `check --audit-only`: the audit without any probe, in well under a
 /// second.
-pub fn audit_only(path: &Path) -> anyhow::Result<AuditReport> {
+pub(crate) fn audit_only(path: &Path) -> anyhow::Result<AuditReport> {
     let path = std::fs::canonicalize(path).with_context(|| format!("path {}", path.display()))?;
     Ok(audit(&path, None))
 }
 
 /// `check --audit-only`'s text: the verdict of the findings, then the
 /// findings.
-pub fn render_audit_only_text(a: &AuditReport) -> String {
+pub(crate) fn render_audit_only_text(a: &AuditReport) -> String {
     let mut o = String::new();
     write_verdict(&mut o, &audit_verdict(a));
     o.push_str(&render_audit_text(a));
@@ -185,7 +187,7 @@ pub fn render_audit_only_text(a: &AuditReport) -> String {
 }
 
 /// `check --audit-only`'s JSON: the audit with its verdict.
-pub fn render_audit_only_json(a: &AuditReport) -> anyhow::Result<String> {
+pub(crate) fn render_audit_only_json(a: &AuditReport) -> anyhow::Result<String> {
     #[derive(Serialize)]
     struct AuditOnly<'a> {
         #[serde(flatten)]
@@ -200,7 +202,7 @@ pub fn render_audit_only_json(a: &AuditReport) -> anyhow::Result<String> {
     .context("encoding JSON")
 }
 
-pub fn render_audit_text(a: &AuditReport) -> String {
+pub(crate) fn render_audit_text(a: &AuditReport) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let findings: Vec<_> = a.findings().collect();
@@ -263,7 +265,7 @@ fn stats(h: &Histogram<u64>) -> Option<OpStats> {
     })
 }
 
-pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
+pub(crate) fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
     let path = std::fs::canonicalize(&opts.path)
         .with_context(|| format!("path {}", opts.path.display()))?;
     if !path.is_dir() {
@@ -378,7 +380,7 @@ pub fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
 impl Report {
     /// Sets [`Report::verdict`] from everything the report holds; again
     /// after a cluster's findings are added to [`Report::audit`].
-    pub fn judge(&mut self) {
+    pub(crate) fn judge(&mut self) {
         self.verdict = judge(self);
     }
 }
@@ -386,7 +388,7 @@ impl Report {
 /// The one verdict of a report: each warning of the probes, each plateau
 /// of the sweep and a cgroup's write cap at `warning`, each audit finding
 /// at its own severity (advice, `info`, is no reason).
-pub fn judge(r: &Report) -> Verdict {
+pub(crate) fn judge(r: &Report) -> Verdict {
     let ceiling = r
         .commit_ceiling_in_force_per_second
         .map(|c| format!("; one client's commits: at most {}/s", fmt_rate(c)))
@@ -438,7 +440,7 @@ pub fn judge(r: &Report) -> Verdict {
 
 /// The exit status of a run whose verdict reached `--fail-on`: distinct
 /// from 1 (an error), 2 (invalid input) and 130 (interrupted).
-pub const EXIT_VERDICT: u8 = 3;
+pub(crate) const EXIT_VERDICT: u8 = 3;
 
 /// Each audit finding as a reason, at its own severity (advice, `info`,
 /// sets no level).
@@ -456,7 +458,7 @@ fn audit_reasons(a: &AuditReport) -> impl Iterator<Item = Reason> + '_ {
 }
 
 /// The verdict of `check --audit-only`: the audit's findings alone.
-pub fn audit_verdict(a: &AuditReport) -> Verdict {
+pub(crate) fn audit_verdict(a: &AuditReport) -> Verdict {
     verdict::judge(audit_reasons(a))
 }
 
@@ -743,7 +745,7 @@ fn fmt_rate(r: f64) -> String {
     out
 }
 
-pub fn render_text(r: &Report) -> String {
+pub(crate) fn render_text(r: &Report) -> String {
     use std::fmt::Write;
     let mut o = String::new();
     let _ = writeln!(o, "pg-storage-exporter check {}", r.path.display());
@@ -931,13 +933,8 @@ fn write_verdict(o: &mut String, v: &Verdict) {
     }
 }
 
-pub fn render_json(r: &Report) -> anyhow::Result<String> {
+pub(crate) fn render_json(r: &Report) -> anyhow::Result<String> {
     serde_json::to_string_pretty(r)
         .map(|s| s + "\n")
         .context("encoding JSON")
-}
-
-/// Exposed for tests: the probe directory `check` uses for a path.
-pub fn default_probe_dir(path: &Path) -> PathBuf {
-    path.join(CHECK_DIR_NAME)
 }

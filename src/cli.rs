@@ -9,12 +9,6 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::types::{COLLECTORS, Collectors, EngineChoice, SyncMethod};
 use crate::units::{parse_bytes, parse_duration};
 
-/// Default port. Not node_exporter's 9100, postgres_exporter's 9187 or any
-/// other exporter port we found in public material; Prometheus' allocation
-/// list (9100–9999) could not be consulted from here, so registering it there
-/// is a release task.
-pub const DEFAULT_PORT: u16 = 9847;
-
 #[derive(Debug, Parser)]
 #[command(
     name = "pg-storage-exporter",
@@ -28,20 +22,24 @@ pub const DEFAULT_PORT: u16 = 9847;
                   built-in defaults shown above.\n\
                   One-shot verdict for a directory: pg-storage-exporter check PATH"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Address to listen on for HTTP (metrics, /healthz, landing page).
     /// Repeatable: the exporter listens on every address given.
     #[arg(
         long = "web.listen-address",
+        // The default port: not node_exporter's 9100, postgres_exporter's
+        // 9187 or any other exporter port we found in public material;
+        // Prometheus' allocation list (9100–9999) could not be consulted
+        // from here, so registering it there is a release task.
         default_value = ":9847",
         value_name = "[HOST]:PORT"
     )]
-    pub listen_address: Vec<String>,
+    pub(crate) listen_address: Vec<String>,
 
     /// Serve on the sockets systemd passes (socket activation: LISTEN_FDS,
     /// LISTEN_PID) instead of listening on --web.listen-address.
     #[arg(long = "web.systemd-socket", conflicts_with = "listen_address")]
-    pub systemd_socket: bool,
+    pub(crate) systemd_socket: bool,
 
     /// Path under which metrics are exposed.
     #[arg(
@@ -49,7 +47,7 @@ pub struct Cli {
         default_value = "/metrics",
         value_name = "PATH"
     )]
-    pub telemetry_path: String,
+    pub(crate) telemetry_path: String,
 
     /// Connections each listening socket holds at most; at the cap, each
     /// new connection closes the one idle longest, so a fresh scrape is
@@ -70,46 +68,46 @@ pub struct Cli {
         value_name = "N",
         value_parser = clap::value_parser!(u32).range(1..=1_000_000)
     )]
-    pub max_connections: u32,
+    pub(crate) max_connections: u32,
 
     /// Web configuration file (TLS, basic auth) in the format of the
     /// Prometheus exporter-toolkit: tls_server_config (cert_file, key_file,
     /// min_version, max_version) and basic_auth_users (bcrypt hashes).
     #[arg(long = "web.config.file", value_name = "FILE")]
-    pub web_config_file: Option<PathBuf>,
+    pub(crate) web_config_file: Option<PathBuf>,
 
     /// TOML configuration file (see config/example.toml).
     #[arg(long = "config.file", value_name = "FILE")]
-    pub config_file: Option<PathBuf>,
+    pub(crate) config_file: Option<PathBuf>,
 
     /// Minimum level of log messages.
     #[arg(long = "log.level", default_value = "info", value_enum)]
-    pub log_level: LogLevel,
+    pub(crate) log_level: LogLevel,
 
     /// Log line format.
     #[arg(long = "log.format", default_value = "logfmt", value_enum)]
-    pub log_format: LogFormat,
+    pub(crate) log_format: LogFormat,
 
     /// Probe a directory: [NAME=]PATH, repeatable. NAME defaults to the
     /// directory's last component. Added to volumes from --config.file.
     /// Without any volume or --pg.dsn, /var/tmp is probed.
     #[arg(long = "probe.path", value_name = "[NAME=]PATH")]
-    pub probe_paths: Vec<String>,
+    pub(crate) probe_paths: Vec<String>,
 
     /// IO engine for --probe.path volumes (default: auto, or [defaults].engine
     /// of --config.file).
     #[arg(long = "probe.engine", value_enum)]
-    pub engine: Option<EngineArg>,
+    pub(crate) engine: Option<EngineArg>,
 
     /// wal_sync_method the WAL probe imitates, for --probe.path volumes
     /// (default: fdatasync, or [defaults].sync_method of --config.file).
     #[arg(long = "probe.sync-method", value_enum)]
-    pub sync_method: Option<SyncMethodArg>,
+    pub(crate) sync_method: Option<SyncMethodArg>,
 
     /// Time between probe rounds for --probe.path volumes, e.g. 250ms
     /// (default: 1s, or [defaults].interval of --config.file).
     #[arg(long = "probe.interval", value_parser = parse_duration, value_name = "DURATION")]
-    pub interval: Option<Duration>,
+    pub(crate) interval: Option<Duration>,
 
     /// Time between bursts for the busy figure, for --probe.path volumes; 0s
     /// turns bursts off (default: 40s, or [defaults].busy_every of
@@ -119,17 +117,17 @@ pub struct Cli {
     /// later in proportion), then 32 warm-up reads and the reads of an 8 ms
     /// span, recorded.
     #[arg(long = "probe.busy-every", value_parser = parse_duration, value_name = "DURATION")]
-    pub busy_every: Option<Duration>,
+    pub(crate) busy_every: Option<Duration>,
 
     /// Size of the read probe file for --probe.path volumes, e.g. 256MiB
     /// (default: 64MiB, or [defaults].read_file_size of --config.file).
     #[arg(long = "probe.read-file-size", value_parser = parse_bytes, value_name = "SIZE")]
-    pub read_file_size: Option<u64>,
+    pub(crate) read_file_size: Option<u64>,
 
     /// Free space that must remain after creating probe files, e.g. 10GiB
     /// (default: 1GiB, or [defaults].free_space_reserve of --config.file).
     #[arg(long = "probe.free-space-reserve", value_parser = parse_bytes, value_name = "SIZE")]
-    pub free_space_reserve: Option<u64>,
+    pub(crate) free_space_reserve: Option<u64>,
 
     /// Watch a PostgreSQL cluster: [NAME=]DSN (libpq key=value string or
     /// postgresql:// URL), repeatable. NAME defaults to pg<port>. Also read
@@ -137,7 +135,7 @@ pub struct Cli {
     /// /var/tmp volume off: the cluster's own directories are probed instead
     /// (see --no-pg.discover-volumes).
     #[arg(long = "pg.dsn", value_name = "[NAME=]DSN")]
-    pub pg_dsns: Vec<String>,
+    pub(crate) pg_dsns: Vec<String>,
 
     /// How often --pg.dsn clusters' statistics are read.
     #[arg(
@@ -146,21 +144,21 @@ pub struct Cli {
         value_name = "DURATION",
         default_value = "10s"
     )]
-    pub pg_scrape_interval: Duration,
+    pub(crate) pg_scrape_interval: Duration,
 
     /// Do not turn --pg.dsn clusters' data, WAL and tablespace directories
     /// into probed volumes (then --pg.dsn alone probes no volume).
     #[arg(long = "no-pg.discover-volumes")]
-    pub no_pg_discovery: bool,
+    pub(crate) no_pg_discovery: bool,
 
     /// Which collectors are on: filled by [`parse`] from the
     /// `--collector.NAME` / `--no-collector.NAME` flags that [`command`]
     /// adds, one pair per entry of [`COLLECTORS`].
     #[arg(skip)]
-    pub collectors: Collectors,
+    pub(crate) collectors: Collectors,
 
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
 }
 
 /// The flag ids of a collector: (`collector.NAME`, `no-collector.NAME`).
@@ -184,7 +182,7 @@ fn collector_ids() -> &'static [(&'static str, &'static str)] {
 /// from [`COLLECTORS`] so the table, `--help` and the man page cannot
 /// disagree. The last of a pair on the command line wins, as in
 /// node_exporter.
-pub fn command() -> clap::Command {
+pub(crate) fn command() -> clap::Command {
     use clap::{Arg, ArgAction, CommandFactory};
     let mut cmd = Cli::command();
     for ((_, name, default, help), (on, off)) in COLLECTORS.iter().zip(collector_ids()) {
@@ -211,7 +209,7 @@ pub fn command() -> clap::Command {
 }
 
 /// Parses `args` (the program name first) with [`command`].
-pub fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+pub(crate) fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
 where
     I: IntoIterator<Item = T>,
     T: Into<std::ffi::OsString> + Clone,
@@ -231,12 +229,12 @@ where
 
 /// Parses the process's command line; prints help, version or the error
 /// and exits as clap does.
-pub fn parse() -> Cli {
+pub(crate) fn parse() -> Cli {
     try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Probe one directory for a while and print a verdict.
     ///
     /// The report opens with the commit ceiling in force (the most commits
@@ -254,7 +252,7 @@ pub enum Command {
 
 /// The manual page of the command line, with `check` as a subcommand
 /// section, in roff.
-pub fn man_page() -> std::io::Result<Vec<u8>> {
+pub(crate) fn man_page() -> std::io::Result<Vec<u8>> {
     let cmd = command();
     let mut out = Vec::new();
     let man = clap_mangen::Man::new(cmd.clone());
@@ -271,50 +269,50 @@ pub fn man_page() -> std::io::Result<Vec<u8>> {
 }
 
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// Directory on the volume to check (probe files go in a subdirectory).
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
 
     /// Total run time, split evenly between commit and read probes.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub duration: Duration,
+    pub(crate) duration: Duration,
 
     /// Output format.
     #[arg(long, default_value = "text", value_enum)]
-    pub format: OutputFormat,
+    pub(crate) format: OutputFormat,
 
     /// wal_sync_method to imitate.
     #[arg(long = "sync-method", default_value = "fdatasync", value_enum)]
-    pub sync_method: SyncMethodArg,
+    pub(crate) sync_method: SyncMethodArg,
 
     /// IO engine.
     #[arg(long, default_value = "auto", value_enum)]
-    pub engine: EngineArg,
+    pub(crate) engine: EngineArg,
 
     /// Size of the read probe file; make it larger than any cache you want
     /// the reads to miss.
     #[arg(long = "read-file-size", default_value = "64MiB", value_parser = parse_bytes)]
-    pub read_file_size: u64,
+    pub(crate) read_file_size: u64,
 
     /// Free space that must remain after creating the probe files.
     #[arg(long = "free-space-reserve", default_value = "1GiB", value_parser = parse_bytes)]
-    pub free_space_reserve: u64,
+    pub(crate) free_space_reserve: u64,
 
     /// Probe directory (default PATH/pg-storage-exporter-check).
     #[arg(long = "probe-dir")]
-    pub probe_dir: Option<PathBuf>,
+    pub(crate) probe_dir: Option<PathBuf>,
 
     /// Reads faster than this are counted as served by a cache.
     #[arg(long = "cache-served-threshold", default_value = "5us", value_parser = parse_duration)]
-    pub cache_served_threshold: Duration,
+    pub(crate) cache_served_threshold: Duration,
 
     /// Skip the commit probe.
     #[arg(long = "no-commit")]
-    pub no_commit: bool,
+    pub(crate) no_commit: bool,
 
     /// Skip the read probe.
     #[arg(long = "no-read")]
-    pub no_read: bool,
+    pub(crate) no_read: bool,
 
     /// Also run a queue-depth sweep for this long after the probes (8 KiB
     /// random reads and writes at depths 1, 4, 16, 64; 256 KiB sequential
@@ -322,18 +320,18 @@ pub struct CheckArgs {
     /// and write IOPS and bandwidth (28s when given without a value; off
     /// when not given). Writes up to 288 MiB into a sweep file of its own.
     #[arg(long = "sweep", value_parser = parse_duration, value_name = "DURATION", num_args = 0..=1, default_missing_value = "28s")]
-    pub sweep: Option<Duration>,
+    pub(crate) sweep: Option<Duration>,
 
     /// Print only the storage-configuration audit of PATH's volume and the
     /// host (mount options, device queue, kernel settings), without
     /// running any probe.
     #[arg(long = "audit-only")]
-    pub audit_only: bool,
+    pub(crate) audit_only: bool,
 
     /// Also audit this PostgreSQL cluster's settings and checkpoints over a
     /// read-only session (libpq connection string or postgresql:// URL).
     #[arg(long = "pg.dsn", value_name = "DSN")]
-    pub pg_dsn: Option<String>,
+    pub(crate) pg_dsn: Option<String>,
 
     /// Exit with status 3 when the verdict is at or above this level
     /// (warning: any warning or critical finding; critical: critical ones
@@ -341,18 +339,18 @@ pub struct CheckArgs {
     /// after a run, 1 on an error, 2 for invalid flags, 130 when
     /// interrupted (which also wins over 3).
     #[arg(long = "fail-on", value_enum, value_name = "LEVEL")]
-    pub fail_on: Option<FailOn>,
+    pub(crate) fail_on: Option<FailOn>,
 }
 
 /// The verdict level `--fail-on` fails at.
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum FailOn {
+pub(crate) enum FailOn {
     Warning,
     Critical,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum LogLevel {
+pub(crate) enum LogLevel {
     Debug,
     Info,
     Warn,
@@ -360,19 +358,19 @@ pub enum LogLevel {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     Logfmt,
     Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     Text,
     Json,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum EngineArg {
+pub(crate) enum EngineArg {
     Auto,
     #[value(name = "io_uring")]
     IoUring,
@@ -390,7 +388,7 @@ impl From<EngineArg> for EngineChoice {
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
-pub enum SyncMethodArg {
+pub(crate) enum SyncMethodArg {
     Fdatasync,
     Fsync,
     #[value(name = "open_datasync")]
@@ -412,7 +410,7 @@ impl From<SyncMethodArg> for SyncMethod {
 
 /// Parses `[HOST]:PORT` the way exporters do: `:9847` means every IPv4
 /// interface.
-pub fn parse_listen(addr: &str) -> Result<std::net::SocketAddr, String> {
+pub(crate) fn parse_listen(addr: &str) -> Result<std::net::SocketAddr, String> {
     if !addr.is_empty() && addr.bytes().all(|b| b.is_ascii_digit()) {
         return Err(format!(
             "--web.listen-address {addr:?}: a bare port; write \":{addr}\" for every interface \
@@ -440,7 +438,7 @@ pub fn parse_listen(addr: &str) -> Result<std::net::SocketAddr, String> {
 /// one-segment path) and panics on a segment starting with `:` or `*` (the
 /// capture syntax of its older versions); a request path never carries a
 /// space, `?` or `#` as such, so a route holding one could never match.
-pub fn check_telemetry_path(path: &str) -> Result<(), String> {
+pub(crate) fn check_telemetry_path(path: &str) -> Result<(), String> {
     let bad = |why: &str| Err(format!("--web.telemetry-path {path:?}: {why}"));
     if !path.starts_with('/') {
         return bad("must start with /");

@@ -10,11 +10,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// A failure is logged again at most this often while it lasts.
-pub const LOG_REPEAT: Duration = Duration::from_secs(300);
+pub(crate) const LOG_REPEAT: Duration = Duration::from_secs(300);
 
 /// What to log about a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Report {
+pub(crate) enum Report {
     /// First failure of this cause: log it.
     New,
     /// Still failing with the same cause after [`LOG_REPEAT`]: log it again
@@ -36,7 +36,7 @@ struct Open<C> {
 /// limits file), so that a failure that repeats every round is logged
 /// once, again every [`LOG_REPEAT`] while it lasts, and its end once.
 #[derive(Debug)]
-pub struct Incidents<K, C> {
+pub(crate) struct Incidents<K, C> {
     open: BTreeMap<K, Open<C>>,
 }
 
@@ -50,7 +50,7 @@ impl<K, C> Default for Incidents<K, C> {
 
 impl<K: Ord + Clone, C: Copy + PartialEq> Incidents<K, C> {
     /// Records a failure of `what` and says whether to log it.
-    pub fn failed(&mut self, what: K, cause: C, now: Instant) -> Report {
+    pub(crate) fn failed(&mut self, what: K, cause: C, now: Instant) -> Report {
         match self.open.get_mut(&what) {
             Some(o) if o.cause == cause => {
                 o.failures += 1;
@@ -89,7 +89,7 @@ impl<K: Ord + Clone, C: Copy + PartialEq> Incidents<K, C> {
     /// Records that a failure of `what` with `cause` was already logged
     /// under another name (the lost session whose reconnection now fails
     /// the same way), so its repeats stay quiet.
-    pub fn already_logged(&mut self, what: K, cause: C, now: Instant) {
+    pub(crate) fn already_logged(&mut self, what: K, cause: C, now: Instant) {
         self.open.insert(
             what,
             Open {
@@ -102,13 +102,13 @@ impl<K: Ord + Clone, C: Copy + PartialEq> Incidents<K, C> {
     }
 
     /// What is failing now.
-    pub fn failing(&self) -> impl Iterator<Item = &K> {
+    pub(crate) fn failing(&self) -> impl Iterator<Item = &K> {
         self.open.keys()
     }
 
     /// Records a success of `what`. When it was failing: how many times
     /// and for how long, for one line saying it works again.
-    pub fn succeeded(&mut self, what: K, now: Instant) -> Option<(u64, Duration)> {
+    pub(crate) fn succeeded(&mut self, what: K, now: Instant) -> Option<(u64, Duration)> {
         self.open
             .remove(&what)
             .map(|o| (o.failures, now.saturating_duration_since(o.since)))

@@ -20,12 +20,12 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-pub use prometheus_client::encoding::DescriptorEncoder as Encoder;
+pub(crate) use prometheus_client::encoding::DescriptorEncoder as Encoder;
 
 /// A gauge family. `name` is the full series name. With no rows the
 /// family is still described (HELP/TYPE), so a dashboard can tell "no
 /// series right now" from "this build has no such metric".
-pub fn gauge<L: EncodeLabelSet>(
+pub(crate) fn gauge<L: EncodeLabelSet>(
     enc: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
@@ -40,7 +40,7 @@ pub fn gauge<L: EncodeLabelSet>(
 
 /// A counter family. `base` is the name without `_total`: prometheus-client
 /// adds it to samples (and, in the Prometheus text format, to the family).
-pub fn counter<L: EncodeLabelSet>(
+pub(crate) fn counter<L: EncodeLabelSet>(
     enc: &mut DescriptorEncoder<'_>,
     base: &str,
     help: &str,
@@ -56,7 +56,7 @@ pub fn counter<L: EncodeLabelSet>(
 /// A histogram family from cumulative-by-encoder buckets: each row is
 /// (labels, sum, count, [(upper bound, count in that bucket)]), bucket
 /// counts not cumulative (the encoder accumulates them).
-pub fn histogram<L: EncodeLabelSet>(
+pub(crate) fn histogram<L: EncodeLabelSet>(
     enc: &mut DescriptorEncoder<'_>,
     name: &str,
     help: &str,
@@ -75,7 +75,7 @@ pub fn histogram<L: EncodeLabelSet>(
 /// Wire format of a scrape, for the registry and the families written line
 /// by line alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     /// `application/openmetrics-text; version=1.0.0` (what Prometheus asks for).
     OpenMetrics,
     /// `text/plain; version=0.0.4` (curl, older scrapers).
@@ -84,14 +84,14 @@ pub enum Format {
 
 impl Format {
     /// Picks the format from an HTTP `Accept` header.
-    pub fn negotiate(accept: Option<&str>) -> Format {
+    pub(crate) fn negotiate(accept: Option<&str>) -> Format {
         match accept {
             Some(a) if a.contains("application/openmetrics-text") => Format::OpenMetrics,
             _ => Format::Prometheus,
         }
     }
 
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Format::Prometheus => prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
@@ -103,7 +103,7 @@ impl Format {
 /// (backslash, double quote, newline), which both formats require. The one
 /// escaping of the families written by hand (these, the summary and the
 /// probe histograms).
-pub fn push_escaped(out: &mut String, v: &str) {
+pub(crate) fn push_escaped(out: &mut String, v: &str) {
     let mut last = 0;
     for (i, b) in v.bytes().enumerate() {
         let e = match b {
@@ -122,7 +122,7 @@ pub fn push_escaped(out: &mut String, v: &str) {
 /// Label pairs as they stand between the braces of a sample line,
 /// `k="v",k2="v2"`, values escaped: a row's labels rendered once for all
 /// its samples by [`counter_lines`].
-pub fn label_text(pairs: &[(&str, &str)]) -> String {
+pub(crate) fn label_text(pairs: &[(&str, &str)]) -> String {
     let mut out = String::new();
     for (i, (k, v)) in pairs.iter().enumerate() {
         if i > 0 {
@@ -159,7 +159,7 @@ fn counter_header(format: Format, base: &str, help: &str) -> String {
 /// A registry in one text format, as a String (no OpenMetrics `# EOF`):
 /// the reference the line-by-line writers take their HELP/TYPE lines and
 /// tests from.
-pub fn render(format: Format, r: &prometheus_client::registry::Registry) -> String {
+pub(crate) fn render(format: Format, r: &prometheus_client::registry::Registry) -> String {
     let mut out = String::new();
     // Writing into a String cannot fail.
     let _ = match format {
@@ -183,7 +183,7 @@ pub fn render(format: Format, r: &prometheus_client::registry::Registry) -> Stri
 ///
 /// `samples` are (row labels from [`label_text`], the sample's own label
 /// pairs, value); an empty family still gets its HELP and TYPE.
-pub fn counter_lines<'a, const M: usize>(
+pub(crate) fn counter_lines<'a, const M: usize>(
     out: &mut String,
     format: Format,
     base: &str,

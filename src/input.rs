@@ -25,7 +25,7 @@ use std::path::Path;
 
 /// What a file holds, which sets the most it may hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// `--config.file`.
     Config,
     /// `--web.config.file`.
@@ -48,7 +48,7 @@ pub enum Kind {
 impl Kind {
     /// The most a file of this kind may hold, in bytes: far above any real
     /// one, far below what would strain the host.
-    pub const fn limit(self) -> u64 {
+    pub(crate) const fn limit(self) -> u64 {
         match self {
             Kind::Config | Kind::WebConfig | Kind::Passfile => 1 << 20,
             Kind::Certificate | Kind::PrivateKey => 1 << 20,
@@ -76,7 +76,7 @@ impl Kind {
 /// the inner error of an `io::Error`, so callers that tell "unreadable"
 /// from "invalid" by the error type keep doing so.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// A FIFO, a device, a socket or a directory.
     NotRegular(&'static str),
     /// Larger than [`Kind::limit`].
@@ -148,7 +148,7 @@ fn refuse(kind: io::ErrorKind, r: Refused) -> io::Error {
 /// nothing. The size is checked before reading, and the read stops one
 /// byte past the limit whatever the size said, for a file that grows
 /// while it is read.
-pub fn read(path: &Path, kind: Kind) -> io::Result<Vec<u8>> {
+pub(crate) fn read(path: &Path, kind: Kind) -> io::Result<Vec<u8>> {
     let limit = kind.limit();
     let too_large = || {
         refuse(
@@ -187,7 +187,7 @@ pub fn read(path: &Path, kind: Kind) -> io::Result<Vec<u8>> {
 
 /// [`read`] as UTF-8 text; a file that is not UTF-8 fails as
 /// `std::fs::read_to_string` does (`InvalidData`), without quoting it.
-pub fn read_to_string(path: &Path, kind: Kind) -> io::Result<String> {
+pub(crate) fn read_to_string(path: &Path, kind: Kind) -> io::Result<String> {
     String::from_utf8(read(path, kind)?).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidData,

@@ -5,22 +5,24 @@
 // interfaces with their arguments written next to them.
 #![deny(unsafe_code)]
 
-pub mod app;
+pub(crate) mod app;
 pub mod audit;
-pub mod check;
-pub mod cli;
+pub(crate) mod check;
+pub(crate) mod cli;
 pub mod config;
-pub mod events;
-pub mod exposition;
-pub mod families;
+pub mod entry;
+pub(crate) mod errno;
+pub(crate) mod events;
+pub(crate) mod exposition;
+pub(crate) mod families;
 pub mod http;
-pub mod input;
+pub(crate) mod input;
 pub mod limits;
-pub mod logging;
+pub(crate) mod logging;
 pub mod model;
 pub mod postgres;
 pub mod probe;
 #[allow(unsafe_code)]
-pub mod sys;
-pub mod types;
+pub(crate) mod sys;
+pub(crate) mod types;
 pub mod units;

@@ -38,7 +38,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 use crate::cli::{LogFormat, LogLevel};
 
-pub fn init(level: LogLevel, format: LogFormat) {
+pub(crate) fn init(level: LogLevel, format: LogFormat) {
     let level = match level {
         LogLevel::Debug => "debug",
         LogLevel::Info => "info",
@@ -64,8 +64,8 @@ pub fn init(level: LogLevel, format: LogFormat) {
 
 /// The event formatter: promslog's keys, in logfmt or JSON.
 #[derive(Debug, Clone, Copy)]
-pub struct Promslog {
-    pub json: bool,
+pub(crate) struct Promslog {
+    pub(crate) json: bool,
 }
 
 impl<S, N> FormatEvent<S, N> for Promslog

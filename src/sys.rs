@@ -44,7 +44,7 @@ use io_uring::{IoUring, opcode, types};
 
 /// Alignment of [`AlignedBuf`]: 4 KiB covers every logical block size Linux
 /// supports for direct IO on common devices.
-pub const DIRECT_IO_ALIGN: usize = 4096;
+pub(crate) const DIRECT_IO_ALIGN: usize = 4096;
 
 #[repr(C, align(4096))]
 struct Aligned<const N: usize>([u8; N]);
@@ -53,7 +53,7 @@ struct Aligned<const N: usize>([u8; N]);
 const _: () = assert!(std::mem::align_of::<Aligned<1>>() == DIRECT_IO_ALIGN);
 
 /// `N` bytes on the heap, aligned for `O_DIRECT`, zeroed at creation.
-pub struct AlignedBuf<const N: usize>(Box<Aligned<N>>);
+pub(crate) struct AlignedBuf<const N: usize>(Box<Aligned<N>>);
 
 impl<const N: usize> std::fmt::Debug for AlignedBuf<N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -68,31 +68,17 @@ impl<const N: usize> Default for AlignedBuf<N> {
 }
 
 impl<const N: usize> AlignedBuf<N> {
-    pub const ALIGN: usize = DIRECT_IO_ALIGN;
-
-    pub fn new() -> AlignedBuf<N> {
+    pub(crate) fn new() -> AlignedBuf<N> {
         // An SQE carries a read's length as a u32.
         const { assert!(N <= u32::MAX as usize) };
         AlignedBuf(Box::new(Aligned([0; N])))
     }
 
-    pub fn len(&self) -> usize {
-        N
-    }
-
-    pub fn is_empty(&self) -> bool {
-        N == 0
-    }
-
-    pub fn as_ptr(&self) -> *const u8 {
-        self.0.0.as_ptr()
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
+    pub(crate) fn as_slice(&self) -> &[u8] {
         &self.0.0
     }
 
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.0.0
     }
 }
@@ -113,7 +99,7 @@ const READ: u64 = 3;
 /// An io_uring with one `N`-byte `O_DIRECT` read buffer, for one read at a
 /// time (the read probe). Built once per probe engine and used from the
 /// thread that built it.
-pub struct UringReader<const N: usize> {
+pub(crate) struct UringReader<const N: usize> {
     /// `None` once poisoned: leaked, with `buf`.
     ring: Option<IoUring>,
     buf: Option<AlignedBuf<N>>,
@@ -136,7 +122,7 @@ impl<const N: usize> UringReader<N> {
     /// that thread waits for it (DEFER_TASKRUN, Linux 6.1) instead of
     /// interrupting it with task work: less CPU per IO. Older kernels
     /// refuse the flags with EINVAL; a plain ring then works as before.
-    pub fn new() -> io::Result<UringReader<N>> {
+    pub(crate) fn new() -> io::Result<UringReader<N>> {
         let ring = IoUring::builder()
             .setup_single_issuer()
             .setup_defer_taskrun()
@@ -151,7 +137,7 @@ impl<const N: usize> UringReader<N> {
 
     /// True once the ring failed mid-operation and was leaked: every later
     /// read fails with EBADF, and the owner should build a new reader.
-    pub fn is_poisoned(&self) -> bool {
+    pub(crate) fn is_poisoned(&self) -> bool {
         self.ring.is_none()
     }
 
@@ -170,7 +156,7 @@ impl<const N: usize> UringReader<N> {
     /// errno of the ring itself: EBADF when poisoned, EBUSY when the
     /// submission queue is full, or what `io_uring_enter` failed with, which
     /// poisons the reader.
-    pub fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<(i32, Duration), i32> {
+    pub(crate) fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<(i32, Duration), i32> {
         let (Some(ring), Some(buf)) = (self.ring.as_mut(), self.buf.as_mut()) else {
             return Err(libc::EBADF);
         };
@@ -264,7 +250,7 @@ struct Slot<const N: usize> {
 /// queue-depth sweep). A slot's buffer belongs to the slot table for as
 /// long as the queue lives, and a slot takes a new read or write only after
 /// the CQE of its previous one was reaped.
-pub struct UringQueue<'fd, const N: usize> {
+pub(crate) struct UringQueue<'fd, const N: usize> {
     /// `None` once poisoned: leaked, with the slots.
     ring: Option<IoUring>,
     slots: Vec<Slot<N>>,
@@ -284,7 +270,7 @@ impl<const N: usize> std::fmt::Debug for UringQueue<'_, N> {
 }
 
 impl<'fd, const N: usize> UringQueue<'fd, N> {
-    pub fn new(fd: BorrowedFd<'fd>, depth: u32) -> io::Result<UringQueue<'fd, N>> {
+    pub(crate) fn new(fd: BorrowedFd<'fd>, depth: u32) -> io::Result<UringQueue<'fd, N>> {
         let ring = IoUring::new(depth.next_power_of_two().max(2))?;
         Ok(UringQueue {
             ring: Some(ring),
@@ -299,7 +285,7 @@ impl<'fd, const N: usize> UringQueue<'fd, N> {
     }
 
     /// Reads and writes pushed whose completion was not reaped yet.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.slots.iter().filter(|s| s.in_flight).count()
     }
 
@@ -314,21 +300,21 @@ impl<'fd, const N: usize> UringQueue<'fd, N> {
     /// `slot`'s buffer; [`UringQueue::wait`] submits it. Refused for a slot
     /// out of range or still in flight, a full submission queue and a
     /// poisoned ring.
-    pub fn push_read(&mut self, slot: usize, offset: u64) -> Result<(), &'static str> {
+    pub(crate) fn push_read(&mut self, slot: usize, offset: u64) -> Result<(), &'static str> {
         self.push(slot, offset, Dir::Read)
     }
 
     /// Queues a write of `slot`'s buffer (`N` bytes, as [`UringQueue::fill`]
     /// left it) at `offset` of the queue's file; refused as
     /// [`UringQueue::push_read`] is. The file must be open for writing.
-    pub fn push_write(&mut self, slot: usize, offset: u64) -> Result<(), &'static str> {
+    pub(crate) fn push_write(&mut self, slot: usize, offset: u64) -> Result<(), &'static str> {
         self.push(slot, offset, Dir::Write)
     }
 
     /// Lets `f` write into every slot's buffer (the data the writes will
     /// carry). Refused while any slot is in flight: the kernel may be
     /// reading or writing those buffers.
-    pub fn fill(&mut self, mut f: impl FnMut(&mut [u8])) -> Result<(), &'static str> {
+    pub(crate) fn fill(&mut self, mut f: impl FnMut(&mut [u8])) -> Result<(), &'static str> {
         if self.ring.is_none() {
             return Err("io_uring failed earlier");
         }
@@ -386,7 +372,7 @@ impl<'fd, const N: usize> UringQueue<'fd, N> {
     /// errno. Returns at once with none when nothing is in flight. A failed
     /// `io_uring_enter` (other than EINTR, which is retried) poisons the
     /// queue: ring and buffers are leaked, and later calls fail with EBADF.
-    pub fn wait(&mut self) -> io::Result<Vec<(usize, i32)>> {
+    pub(crate) fn wait(&mut self) -> io::Result<Vec<(usize, i32)>> {
         if self.in_flight() == 0 {
             return Ok(Vec::new());
         }
@@ -460,7 +446,7 @@ fn change_stop_signals(how: libc::c_int) {
 /// [`release_stop_signals`] instead of killing the process half way. (A
 /// child started with `std::process::Command` gets an empty mask: std
 /// resets it between fork and exec.)
-pub fn hold_stop_signals() {
+pub(crate) fn hold_stop_signals() {
     change_stop_signals(libc::SIG_BLOCK);
 }
 
@@ -469,7 +455,7 @@ pub fn hold_stop_signals() {
 /// to a handler now. Only the calling thread's mask changes; the kernel
 /// delivers a signal sent to the process to a thread that does not hold
 /// it, so releasing them on the main thread alone is enough.
-pub fn release_stop_signals() {
+pub(crate) fn release_stop_signals() {
     change_stop_signals(libc::SIG_UNBLOCK);
 }
 
@@ -485,7 +471,7 @@ extern "C" fn on_interrupt(_: libc::c_int) {
 /// [`hold_stop_signals`]): one that arrived while they were held is
 /// delivered to the handler now. signal(2) fails only for an invalid or
 /// uncatchable signal number, which these are not.
-pub fn catch_interrupts() {
+pub(crate) fn catch_interrupts() {
     let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
     // SAFETY: the handler only stores to an atomic, which is
     // async-signal-safe, and it is a plain function that lives as long as
@@ -499,13 +485,13 @@ pub fn catch_interrupts() {
 }
 
 /// Whether SIGINT, SIGTERM or SIGHUP arrived since [`catch_interrupts`].
-pub fn interrupted() -> bool {
+pub(crate) fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
 /// Size of an NVMe log page read by [`nvme_get_log_page`]: the AWS EBS
 /// statistics page (0xD0) is 4096 bytes.
-pub const NVME_LOG_PAGE_LEN: usize = 4096;
+pub(crate) const NVME_LOG_PAGE_LEN: usize = 4096;
 
 /// `struct nvme_passthru_cmd` of `<linux/nvme_ioctl.h>` (also
 /// `nvme_admin_cmd`): 72 bytes, which the ioctl number encodes.
@@ -554,7 +540,7 @@ const _: () = assert!(get_log_page_cdw10(0xD0) == 0x03FF_00D0);
 
 /// How a Get Log Page admin command ended without an OS error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogPage {
+pub(crate) enum LogPage {
     /// The page was transferred into the buffer.
     Read,
     /// The controller answered with this NVMe status (the ioctl's positive
@@ -572,7 +558,7 @@ pub enum LogPage {
 /// `timeout_ms` stays 0 (the kernel's admin timeout, 60 s by default): on
 /// PCIe an admin command that times out makes the driver reset the
 /// controller, and the controller of an EBS volume may be the root disk's.
-pub fn nvme_get_log_page(
+pub(crate) fn nvme_get_log_page(
     fd: BorrowedFd<'_>,
     nsid: u32,
     log_id: u8,
@@ -620,7 +606,7 @@ pub fn nvme_get_log_page(
 /// is not delayed at all, while connections that never send a byte wait in
 /// the kernel's queue of half-open connections, holding no descriptor of
 /// the exporter's and no place in its accept queue.
-pub fn set_tcp_defer_accept(fd: BorrowedFd<'_>, seconds: u32) -> io::Result<()> {
+pub(crate) fn set_tcp_defer_accept(fd: BorrowedFd<'_>, seconds: u32) -> io::Result<()> {
     let value = libc::c_int::try_from(seconds).unwrap_or(libc::c_int::MAX);
     // SAFETY: setsockopt reads `optlen` bytes from `optval` during the call
     // only: `optval` points to `value`, a live c_int on this stack frame,
@@ -690,8 +676,8 @@ mod tests {
     #[test]
     fn aligned_buffer_is_aligned_and_zeroed() {
         let b = AlignedBuf::<B>::new();
-        assert_eq!(b.as_ptr() as usize % AlignedBuf::<B>::ALIGN, 0);
-        assert_eq!(b.len(), B);
+        assert_eq!(b.as_slice().as_ptr() as usize % DIRECT_IO_ALIGN, 0);
+        assert_eq!(b.as_slice().len(), B);
         assert!(b.as_slice().iter().all(|&x| x == 0));
         let mut v: Vec<AlignedBuf<512>> = (0..5).map(|_| AlignedBuf::new()).collect();
         for b in &mut v {

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 /// What a probe measured. Label values of `op` on the probe metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Op {
+pub(crate) enum Op {
     /// The 8 KiB WAL-like write alone (lands in the page cache unless the
     /// sync method makes it durable by itself).
     Write,
@@ -21,9 +21,9 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 4] = [Op::Write, Op::Sync, Op::Commit, Op::Read];
+    pub(crate) const ALL: [Op; 4] = [Op::Write, Op::Sync, Op::Commit, Op::Read];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Op::Write => "write",
             Op::Sync => "sync",
@@ -33,7 +33,7 @@ impl Op {
     }
 
     /// Index into per-op arrays.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }
@@ -54,7 +54,7 @@ impl fmt::Display for Op {
 /// published apart, never mixed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Phase {
+pub(crate) enum Phase {
     /// Inside a burst of back-to-back probes, after the warm-up half of the
     /// burst: what an IO costs when the storage path is busy (comparable to
     /// fio or `pg_test_fsync` without think time).
@@ -64,16 +64,16 @@ pub enum Phase {
 }
 
 impl Phase {
-    pub const ALL: [Phase; 2] = [Phase::Busy, Phase::AfterIdle];
+    pub(crate) const ALL: [Phase; 2] = [Phase::Busy, Phase::AfterIdle];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Phase::Busy => "busy",
             Phase::AfterIdle => "after_idle",
         }
     }
 
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }
@@ -85,10 +85,10 @@ impl fmt::Display for Phase {
 }
 
 /// Number of (op, phase) series a volume keeps.
-pub const SERIES: usize = Op::ALL.len() * Phase::ALL.len();
+pub(crate) const SERIES: usize = Op::ALL.len() * Phase::ALL.len();
 
 /// Index of an (op, phase) pair into per-series arrays.
-pub fn series(op: Op, phase: Phase) -> usize {
+pub(crate) fn series(op: Op, phase: Phase) -> usize {
     op.index() * Phase::ALL.len() + phase.index()
 }
 
@@ -122,11 +122,11 @@ impl SyncMethod {
     }
 
     /// True when durability comes from a separate sync call after the write.
-    pub fn has_sync_call(self) -> bool {
+    pub(crate) fn has_sync_call(self) -> bool {
         matches!(self, SyncMethod::Fdatasync | SyncMethod::Fsync)
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "fdatasync" => Some(SyncMethod::Fdatasync),
             "fsync" => Some(SyncMethod::Fsync),
@@ -164,27 +164,18 @@ impl EngineChoice {
             EngineChoice::Sync => "sync",
         }
     }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "auto" => Some(EngineChoice::Auto),
-            "io_uring" => Some(EngineChoice::IoUring),
-            "sync" => Some(EngineChoice::Sync),
-            _ => None,
-        }
-    }
 }
 
 /// Engine actually in use (the `engine` label of `pgstorage_volume_info`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum EngineKind {
+pub(crate) enum EngineKind {
     IoUring,
     Sync,
 }
 
 impl EngineKind {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             EngineKind::IoUring => "io_uring",
             EngineKind::Sync => "sync",
@@ -201,7 +192,7 @@ impl fmt::Display for EngineKind {
 /// Which probes run on a volume.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ProbeKind {
+pub(crate) enum ProbeKind {
     /// 8 KiB write + sync into a preallocated WAL-like file.
     Commit,
     /// 8 KiB `O_DIRECT` random reads of a preallocated file.
@@ -214,7 +205,7 @@ pub enum ProbeKind {
 /// and throughput often cap both together, hence [`Resource::Iops`] and
 /// [`Resource::BytesPerSecond`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Resource {
+pub(crate) enum Resource {
     ReadIops,
     WriteIops,
     ReadBytesPerSecond,
@@ -226,7 +217,7 @@ pub enum Resource {
 }
 
 impl Resource {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Resource::ReadIops => "read_iops",
             Resource::WriteIops => "write_iops",
@@ -238,7 +229,7 @@ impl Resource {
     }
 
     /// Caps that count writes, the probes' own among them.
-    pub fn counts_writes(self) -> bool {
+    pub(crate) fn counts_writes(self) -> bool {
         matches!(self, Resource::WriteIops | Resource::Iops)
     }
 }
@@ -256,7 +247,7 @@ impl fmt::Display for Resource {
 /// collector): every figure the shipped dashboards and alerts use is on,
 /// detail that multiplies series is off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Collector {
+pub(crate) enum Collector {
     /// The probe threads: without them no volume is probed (configured,
     /// default or discovered) and the exporter only watches PostgreSQL.
     Probes,
@@ -293,7 +284,7 @@ pub enum Collector {
 }
 
 /// Name, default and one-line description of each [`Collector`].
-pub const COLLECTORS: [(Collector, &str, bool, &str); 9] = [
+pub(crate) const COLLECTORS: [(Collector, &str, bool, &str); 9] = [
     (
         Collector::Probes,
         "probes",
@@ -352,7 +343,7 @@ pub const COLLECTORS: [(Collector, &str, bool, &str); 9] = [
 
 /// Which collectors are on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Collectors {
+pub(crate) struct Collectors {
     on: [bool; COLLECTORS.len()],
 }
 
@@ -375,7 +366,7 @@ impl Collectors {
 
     /// Whether `c` is on. A sub-collector is on only with its parent:
     /// `postgres.io` needs `postgres`, `probes.split` needs `probes`.
-    pub fn on(&self, c: Collector) -> bool {
+    pub(crate) fn on(&self, c: Collector) -> bool {
         let parent = match c {
             Collector::ProbesSplit => Some(Collector::Probes),
             Collector::PostgresIo | Collector::PostgresWaits => Some(Collector::Postgres),
@@ -388,13 +379,13 @@ impl Collectors {
         self.on[Self::index(c)] && parent.is_none_or(|p| self.on(p))
     }
 
-    pub fn set(&mut self, c: Collector, on: bool) {
+    pub(crate) fn set(&mut self, c: Collector, on: bool) {
         self.on[Self::index(c)] = on;
     }
 
     /// The collectors whose state differs from the default, as
     /// `--collector.NAME` / `--no-collector.NAME`, for the start log line.
-    pub fn changed(&self) -> Vec<String> {
+    pub(crate) fn changed(&self) -> Vec<String> {
         COLLECTORS
             .iter()
             .enumerate()
@@ -414,7 +405,7 @@ impl Collectors {
 /// an escape sequence) escaped as Rust writes them (`\0`, `\n`,
 /// `\u{1b}`): `Path::display` would hand them raw to a terminal or a log.
 #[derive(Debug, Clone, Copy)]
-pub struct Shown<'a>(pub &'a std::path::Path);
+pub(crate) struct Shown<'a>(pub(crate) &'a std::path::Path);
 
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

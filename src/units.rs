@@ -10,11 +10,11 @@ use serde::de::{self, Deserialize, Deserializer, Visitor};
 /// A byte count: an integer, or a string with a unit (B, KiB, MiB, GiB, TiB,
 /// or the decimal kB, MB, GB, TB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ByteSize(pub u64);
+pub(crate) struct ByteSize(pub(crate) u64);
 
 /// A duration written with a unit: ms, s, m or h ("250ms", "1s", "15m").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct HumanDuration(pub Duration);
+pub(crate) struct HumanDuration(pub(crate) Duration);
 
 pub fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();

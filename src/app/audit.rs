@@ -18,12 +18,12 @@ use crate::types::{Op, Phase, series};
 
 /// What one pass needs; cheap to clone into the blocking thread.
 #[derive(Debug, Clone)]
-pub struct AuditInputs {
-    pub settings: AuditSettings,
-    pub proc_root: PathBuf,
-    pub sys_root: PathBuf,
-    pub volumes: Arc<VolumeSet>,
-    pub clusters: Arc<ClusterSet>,
+pub(crate) struct AuditInputs {
+    pub(crate) settings: AuditSettings,
+    pub(crate) proc_root: PathBuf,
+    pub(crate) sys_root: PathBuf,
+    pub(crate) volumes: Arc<VolumeSet>,
+    pub(crate) clusters: Arc<ClusterSet>,
 }
 
 /// How soon to look again while a cluster has not been read yet, and once
@@ -31,7 +31,7 @@ pub struct AuditInputs {
 /// cluster's findings would wait a whole `audit_interval` after a start.
 const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 
-pub async fn run(inputs: AuditInputs, state: Arc<AuditState>) {
+pub(crate) async fn run(inputs: AuditInputs, state: Arc<AuditState>) {
     let interval = inputs.settings.interval;
     let mut settle_once_more = true;
     loop {
@@ -90,7 +90,7 @@ fn sync_too_fast(v: &crate::probe::state::VolumeState) -> Option<bool> {
 }
 
 /// One pass: blocking reads, then pure evaluation.
-pub fn pass(i: &AuditInputs) -> Report {
+pub(crate) fn pass(i: &AuditInputs) -> Report {
     let (host_facts, mut errors) =
         audit::read::host_at(&i.proc_root, &i.sys_root, &i.settings.host_root);
     let mut host = audit::evaluate_host(&host_facts);
@@ -212,7 +212,7 @@ fn snapshot_facts(
 /// session (the same settings and checkpoint queries as the collector),
 /// with the data and WAL filesystems looked up locally when the data
 /// directory is visible from here.
-pub fn check_cluster(dsn: &str, host: &audit::HostFacts) -> anyhow::Result<audit::Outcome> {
+pub(crate) fn check_cluster(dsn: &str, host: &audit::HostFacts) -> anyhow::Result<audit::Outcome> {
     use anyhow::Context;
     let env = |k: &str| std::env::var(k).ok();
     let target =

@@ -11,7 +11,7 @@ use anyhow::Context;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 
-pub use crate::app::supervisor::ReloadSource;
+pub(crate) use crate::app::supervisor::ReloadSource;
 use crate::app::supervisor::{Supervisor, WebHandles, millis};
 use crate::config::Config;
 use crate::exposition::Metrics;
@@ -23,7 +23,7 @@ use crate::http::{AppState, router, with_basic_auth};
 
 /// Where HTTP is served.
 #[derive(Debug)]
-pub enum Listen {
+pub(crate) enum Listen {
     /// `--web.listen-address`, each bound in [`run`].
     Addresses(Vec<SocketAddr>),
     /// `--web.systemd-socket`: sockets bound by systemd, from
@@ -38,7 +38,7 @@ pub enum Listen {
 /// `sd_listen_fds(1)` does. listenfd checks each descriptor is a TCP socket
 /// before taking it (a crate rather than `from_raw_fd`: that check and the
 /// ownership transfer are its whole job, and its unsafe code is not ours).
-pub fn systemd_listeners() -> anyhow::Result<Vec<std::net::TcpListener>> {
+pub(crate) fn systemd_listeners() -> anyhow::Result<Vec<std::net::TcpListener>> {
     let mut fds = listenfd::ListenFd::from_env();
     if fds.len() == 0 {
         anyhow::bail!(
@@ -64,16 +64,16 @@ pub fn systemd_listeners() -> anyhow::Result<Vec<std::net::TcpListener>> {
 }
 
 #[derive(Debug)]
-pub struct WebOptions {
-    pub listen: Listen,
-    pub telemetry_path: String,
+pub(crate) struct WebOptions {
+    pub(crate) listen: Listen,
+    pub(crate) telemetry_path: String,
     /// From `--web.config.file`; the default is plain HTTP without auth.
-    pub security: WebSecurity,
+    pub(crate) security: WebSecurity,
     /// `--web.config.file`, read again on SIGHUP.
-    pub config_file: Option<PathBuf>,
+    pub(crate) config_file: Option<PathBuf>,
     /// `--web.max-connections`: per listener, lowered at start if the
     /// open-file limit cannot hold that many on every listener.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
 }
 
 /// SIGTERM, SIGINT and SIGHUP, taken over from their default action (which
@@ -83,7 +83,7 @@ pub struct WebOptions {
 /// while the probe files are being created stops the exporter as soon as
 /// they exist, and it removes them.
 #[derive(Debug)]
-pub struct Signals {
+pub(crate) struct Signals {
     term: Signal,
     int: Signal,
     hup: Signal,
@@ -94,7 +94,7 @@ impl Signals {
     /// (`Runtime::enter`), while `sys::hold_stop_signals` holds the
     /// signals, and release them afterwards: then no moment of the start
     /// is left to the default action.
-    pub fn install() -> anyhow::Result<Signals> {
+    pub(crate) fn install() -> anyhow::Result<Signals> {
         let one = |kind: SignalKind, name: &str| {
             signal(kind).with_context(|| format!("installing the {name} handler"))
         };
@@ -106,7 +106,7 @@ impl Signals {
     }
 }
 
-pub async fn run(
+pub(crate) async fn run(
     cfg: Config,
     web: WebOptions,
     source: ReloadSource,
@@ -218,7 +218,6 @@ pub async fn run(
     let mut app = router(Arc::new(AppState {
         metrics: metrics.clone(),
         telemetry_path: web.telemetry_path.clone(),
-        volumes: volumes.clone(),
         renders: Default::default(),
     }));
     // With a web configuration file the check is always in place, so a
@@ -397,7 +396,7 @@ fn raise_nofile_limit() -> Option<u64> {
 /// Nice value of the async runtime's worker threads (HTTP, collectors,
 /// scrape encoding): below the probe threads, which stay at the process's
 /// own.
-pub const RUNTIME_NICENESS: i32 = 10;
+pub(crate) const RUNTIME_NICENESS: i32 = 10;
 
 /// Lowers the calling worker thread's CPU priority to [`RUNTIME_NICENESS`],
 /// once. A probe measures latency: the time from the IO's completion to the
@@ -413,7 +412,7 @@ pub const RUNTIME_NICENESS: i32 = 10;
 /// ran at nice 10, and its syncs in bursts read 12-25 % slower than fio's
 /// at nice 0. Raising the value needs no privilege, so it cannot fail for
 /// lack of one.
-pub fn lower_worker_priority() {
+pub(crate) fn lower_worker_priority() {
     thread_local! {
         static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }

@@ -21,7 +21,7 @@ use crate::probe::state::VolumeState;
 /// again, at the same path with the same probe directory and probes, is
 /// kept with its window and counters; the others are stopped and their
 /// files removed, as a removed cluster's are.
-pub fn apply(
+pub(crate) fn apply(
     req: &DiscoveryRequest,
     volumes: &VolumeSet,
     defaults: &ProbeSettings,

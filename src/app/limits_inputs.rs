@@ -11,9 +11,9 @@ use crate::probe::set::VolumeSet;
 use crate::probe::settings::BURST_COMMITS;
 
 #[derive(Debug)]
-pub struct LimitsInputs {
-    pub volumes: Arc<VolumeSet>,
-    pub clusters: Arc<ClusterSet>,
+pub(crate) struct LimitsInputs {
+    pub(crate) volumes: Arc<VolumeSet>,
+    pub(crate) clusters: Arc<ClusterSet>,
 }
 
 impl Inputs for LimitsInputs {

@@ -2,9 +2,9 @@
 //! state and the metrics, and is the only place that adds or removes
 //! volumes (from the configuration, a reload, or discovery plans).
 
-pub mod audit;
-pub mod daemon;
-pub mod discovery;
-pub mod limits_inputs;
-pub mod supervisor;
-pub mod warnings;
+pub(crate) mod audit;
+pub(crate) mod daemon;
+pub(crate) mod discovery;
+pub(crate) mod limits_inputs;
+pub(crate) mod supervisor;
+pub(crate) mod warnings;

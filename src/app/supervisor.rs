@@ -28,21 +28,21 @@ use crate::types::Resource;
 /// Where the configuration came from, to load it again on SIGHUP: the same
 /// file and the same flags.
 #[derive(Debug, Clone)]
-pub struct ReloadSource {
-    pub file: Option<PathBuf>,
-    pub flags: FlagOverrides,
+pub(crate) struct ReloadSource {
+    pub(crate) file: Option<PathBuf>,
+    pub(crate) flags: FlagOverrides,
 }
 
 /// What a reload of `--web.config.file` swaps: the TLS settings new
 /// handshakes use and the users basic auth checks.
 #[derive(Debug)]
-pub struct WebHandles {
-    pub file: Option<PathBuf>,
-    pub tls: Option<watch::Sender<Arc<rustls::ServerConfig>>>,
-    pub auth: AuthSlot,
+pub(crate) struct WebHandles {
+    pub(crate) file: Option<PathBuf>,
+    pub(crate) tls: Option<watch::Sender<Arc<rustls::ServerConfig>>>,
+    pub(crate) auth: AuthSlot,
 }
 
-pub fn millis(d: Duration) -> u64 {
+pub(crate) fn millis(d: Duration) -> u64 {
     d.as_millis().try_into().unwrap_or(u64::MAX)
 }
 
@@ -54,7 +54,7 @@ pub fn millis(d: Duration) -> u64 {
 /// waiting for it: the stuck thread is left to finish on its own and its
 /// result is dropped, and the next SIGHUP starts afresh instead of queueing
 /// behind it.
-pub const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Blocking work of a reload, on the blocking pool, waited for at most
 /// `limit`. `Err` says what happened: it panicked, or it is still running
@@ -94,7 +94,7 @@ impl std::fmt::Display for BlockingFailure {
 /// [`VolumeSet`], one collector task per cluster, the limits task) and
 /// changes it on reload.
 #[derive(Debug)]
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     cfg: Config,
     volumes: Arc<VolumeSet>,
     clusters: Arc<ClusterSet>,
@@ -288,7 +288,7 @@ async fn load_files(
 }
 
 impl Supervisor {
-    pub fn new(
+    pub(crate) fn new(
         cfg: Config,
         volumes: Arc<VolumeSet>,
         clusters: Arc<ClusterSet>,
@@ -311,7 +311,7 @@ impl Supervisor {
 
     /// Starts what the configuration names: volumes, cluster collectors,
     /// the limits collector.
-    pub async fn start(&mut self) -> anyhow::Result<()> {
+    pub(crate) async fn start(&mut self) -> anyhow::Result<()> {
         // Adding a volume creates its probe files and thread: blocking
         // work that can hang on a dead network volume, so not on an async
         // worker (as on reload).
@@ -450,7 +450,7 @@ impl Supervisor {
 
     /// Loads the configuration again and applies the difference. A
     /// configuration that does not load or validate changes nothing.
-    pub async fn reload(
+    pub(crate) async fn reload(
         &mut self,
         source: &ReloadSource,
         web: &WebHandles,

@@ -11,7 +11,7 @@ use crate::probe::set::VolumeSet;
 use crate::probe::state::VolumeState;
 
 /// The warnings of one running volume.
-pub fn volume(v: &VolumeState) {
+pub(crate) fn volume(v: &VolumeState) {
     let fstype = v.fstype();
     for w in crate::model::verdict::volume_warnings(&fstype, v.commit_probe, v.read_probe) {
         tracing::warn!(
@@ -27,7 +27,7 @@ pub fn volume(v: &VolumeState) {
 
 /// Clusters that get no probed volume because discovery is off and no
 /// volume is configured.
-pub fn undiscovered_clusters(cfg: &Config) {
+pub(crate) fn undiscovered_clusters(cfg: &Config) {
     // --no-collector.probes says "probe nothing" on purpose: the start
     // line lists it, no warning.
     if !cfg.volumes.is_empty() || !cfg.collectors.on(crate::types::Collector::Probes) {
@@ -52,7 +52,12 @@ pub fn undiscovered_clusters(cfg: &Config) {
 /// Everything that applies now: every running volume, the clusters without
 /// one, and the settings of the connected clusters (`settings_of`: the
 /// clusters whose collector runs on and will not log them itself).
-pub fn all(cfg: &Config, volumes: &VolumeSet, clusters: &ClusterSet, settings_of: &[String]) {
+pub(crate) fn all(
+    cfg: &Config,
+    volumes: &VolumeSet,
+    clusters: &ClusterSet,
+    settings_of: &[String],
+) {
     for v in volumes.list() {
         volume(&v);
     }

@@ -11,13 +11,13 @@
 //! not passed: the caller counts evaluated checks so "no finding" can be
 //! told from "not checked".
 
-pub mod read;
+pub(crate) mod read;
 
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Severity {
+pub(crate) enum Severity {
     /// Data can be lost or corrupted.
     Critical,
     /// A measurable latency or throughput cost.
@@ -27,7 +27,7 @@ pub enum Severity {
 }
 
 impl Severity {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Severity::Critical => "critical",
             Severity::Warning => "warning",
@@ -49,199 +49,105 @@ pub enum Scope {
 #[derive(Debug, Clone, Copy)]
 pub struct Check {
     pub code: &'static str,
-    pub severity: Severity,
+    pub(crate) severity: Severity,
     pub scope: Scope,
-    pub title: &'static str,
 }
 
 /// Every check, critical ones first. Codes are stable: alerts, the
 /// `audit.ignore` lists and JSON consumers key on them.
 pub const CHECKS: &[Check] = &[
-    c(
-        "fsync_off",
-        Severity::Critical,
-        Scope::Cluster,
-        "fsync is off",
-    ),
-    c(
-        "full_page_writes_off",
-        Severity::Critical,
-        Scope::Cluster,
-        "full_page_writes is off",
-    ),
-    c(
-        "memory_filesystem",
-        Severity::Critical,
-        Scope::Volume,
-        "the volume lives in memory",
-    ),
-    c(
-        "barriers_off",
-        Severity::Critical,
-        Scope::Volume,
-        "mounted without write barriers",
-    ),
-    c(
-        "volatile_write_cache",
-        Severity::Critical,
-        Scope::Volume,
-        "write-back cache and syncs faster than stable media",
-    ),
-    c(
-        "synchronous_commit_off",
-        Severity::Warning,
-        Scope::Cluster,
-        "synchronous_commit off or local",
-    ),
-    c(
-        "ext4_data_writeback",
-        Severity::Warning,
-        Scope::Volume,
-        "ext4 mounted data=writeback",
-    ),
-    c(
-        "wal_shares_data_volume",
-        Severity::Warning,
-        Scope::Cluster,
-        "WAL on the data directory's filesystem",
-    ),
-    c(
-        "checkpoints_requested",
-        Severity::Warning,
-        Scope::Cluster,
-        "checkpoints forced by WAL volume",
-    ),
-    c(
-        "wal_compression_off",
-        Severity::Warning,
-        Scope::Cluster,
-        "wal_compression is off",
-    ),
-    c(
-        "thp_always",
-        Severity::Warning,
-        Scope::Host,
-        "transparent huge pages always",
-    ),
-    c(
-        "dirty_ratio_large",
-        Severity::Warning,
-        Scope::Host,
-        "vm.dirty_ratio allows > 4 GiB",
-    ),
+    // fsync is off
+    c("fsync_off", Severity::Critical, Scope::Cluster),
+    // full_page_writes is off
+    c("full_page_writes_off", Severity::Critical, Scope::Cluster),
+    // the volume lives in memory
+    c("memory_filesystem", Severity::Critical, Scope::Volume),
+    // mounted without write barriers
+    c("barriers_off", Severity::Critical, Scope::Volume),
+    // write-back cache and syncs faster than stable media
+    c("volatile_write_cache", Severity::Critical, Scope::Volume),
+    // synchronous_commit off or local
+    c("synchronous_commit_off", Severity::Warning, Scope::Cluster),
+    // ext4 mounted data=writeback
+    c("ext4_data_writeback", Severity::Warning, Scope::Volume),
+    // WAL on the data directory's filesystem
+    c("wal_shares_data_volume", Severity::Warning, Scope::Cluster),
+    // checkpoints forced by WAL volume
+    c("checkpoints_requested", Severity::Warning, Scope::Cluster),
+    // wal_compression is off
+    c("wal_compression_off", Severity::Warning, Scope::Cluster),
+    // transparent huge pages always
+    c("thp_always", Severity::Warning, Scope::Host),
+    // vm.dirty_ratio allows > 4 GiB
+    c("dirty_ratio_large", Severity::Warning, Scope::Host),
+    // vm.dirty_background_ratio allows > 1 GiB
     c(
         "dirty_background_ratio_large",
         Severity::Warning,
         Scope::Host,
-        "vm.dirty_background_ratio allows > 1 GiB",
     ),
-    c(
-        "swappiness_high",
-        Severity::Warning,
-        Scope::Host,
-        "vm.swappiness above 10",
-    ),
-    c(
-        "zone_reclaim_on",
-        Severity::Warning,
-        Scope::Host,
-        "vm.zone_reclaim_mode is not 0",
-    ),
-    c(
-        "huge_pages_shortfall",
-        Severity::Warning,
-        Scope::Cluster,
-        "huge_pages=try with too few huge pages reserved",
-    ),
-    c(
-        "overcommit_not_strict",
-        Severity::Warning,
-        Scope::Host,
-        "vm.overcommit_memory is not 2",
-    ),
-    c(
-        "sysctl_not_persistent",
-        Severity::Warning,
-        Scope::Host,
-        "a kernel setting a reboot would undo",
-    ),
-    c(
-        "scheduler_on_ssd",
-        Severity::Warning,
-        Scope::Volume,
-        "IO scheduler other than none/mq-deadline on SSD or virtual disk",
-    ),
-    c(
-        "read_ahead_large",
-        Severity::Warning,
-        Scope::Volume,
-        "read_ahead_kb above 1 MiB",
-    ),
-    c(
-        "random_page_cost_default",
-        Severity::Info,
-        Scope::Cluster,
-        "random_page_cost 4 on non-rotational storage",
-    ),
+    // vm.swappiness above 10
+    c("swappiness_high", Severity::Warning, Scope::Host),
+    // vm.zone_reclaim_mode is not 0
+    c("zone_reclaim_on", Severity::Warning, Scope::Host),
+    // huge_pages=try with too few huge pages reserved
+    c("huge_pages_shortfall", Severity::Warning, Scope::Cluster),
+    // vm.overcommit_memory is not 2
+    c("overcommit_not_strict", Severity::Warning, Scope::Host),
+    // a kernel setting a reboot would undo
+    c("sysctl_not_persistent", Severity::Warning, Scope::Host),
+    // IO scheduler other than none/mq-deadline on SSD or virtual disk
+    c("scheduler_on_ssd", Severity::Warning, Scope::Volume),
+    // read_ahead_kb above 1 MiB
+    c("read_ahead_large", Severity::Warning, Scope::Volume),
+    // random_page_cost 4 on non-rotational storage
+    c("random_page_cost_default", Severity::Info, Scope::Cluster),
+    // effective_io_concurrency ≤ 2 on SSD/NVMe
     c(
         "effective_io_concurrency_low",
         Severity::Info,
         Scope::Cluster,
-        "effective_io_concurrency ≤ 2 on SSD/NVMe",
     ),
-    c(
-        "atime",
-        Severity::Info,
-        Scope::Volume,
-        "mounted without noatime",
-    ),
-    c(
-        "filesystem_choice",
-        Severity::Info,
-        Scope::Volume,
-        "a filesystem other than ext4 or XFS",
-    ),
-    c(
-        "pending_restart",
-        Severity::Info,
-        Scope::Cluster,
-        "settings waiting for a restart",
-    ),
+    // mounted without noatime
+    c("atime", Severity::Info, Scope::Volume),
+    // a filesystem other than ext4 or XFS
+    c("filesystem_choice", Severity::Info, Scope::Volume),
+    // settings waiting for a restart
+    c("pending_restart", Severity::Info, Scope::Cluster),
 ];
 
-const fn c(code: &'static str, severity: Severity, scope: Scope, title: &'static str) -> Check {
+const fn c(code: &'static str, severity: Severity, scope: Scope) -> Check {
     Check {
         code,
         severity,
         scope,
-        title,
     }
 }
 
-pub fn check(code: &str) -> Option<&'static Check> {
+pub(crate) fn check(code: &str) -> Option<&'static Check> {
     CHECKS.iter().find(|c| c.code == code)
 }
 
 /// One finding: the evidence read, what it means and the fix.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Finding {
-    pub code: &'static str,
-    pub severity: Severity,
+pub(crate) struct Finding {
+    pub(crate) code: &'static str,
+    pub(crate) severity: Severity,
     /// The file or setting read and its value: `/sys/block/vda/queue/scheduler = bfq`.
-    pub evidence: String,
-    pub message: String,
+    pub(crate) evidence: String,
+    pub(crate) message: String,
     /// The sysctl line, udev rule, mount option or `ALTER SYSTEM` statement.
-    pub fix: String,
+    pub(crate) fix: String,
 }
 
 /// The result of one scope's evaluation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Outcome {
-    pub findings: Vec<Finding>,
+pub(crate) struct Outcome {
+    pub(crate) findings: Vec<Finding>,
     /// Checks whose facts were available and were evaluated.
-    pub checked: u32,
+    pub(crate) checked: u32,
     /// Checks skipped because a fact they need could not be read.
-    pub skipped: u32,
+    pub(crate) skipped: u32,
 }
 
 impl Outcome {
@@ -267,94 +173,94 @@ impl Outcome {
 
     /// Drops ignored findings (a deliberate choice must not page forever);
     /// the check still counts as evaluated.
-    pub fn ignore(&mut self, codes: &[String]) {
+    pub(crate) fn ignore(&mut self, codes: &[String]) {
         self.findings.retain(|f| !codes.iter().any(|c| c == f.code));
     }
 }
 
 /// Kernel facts of the host, from /proc and /sys.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct HostFacts {
-    pub mem_total_bytes: Option<u64>,
-    pub dirty_ratio: Option<u64>,
-    pub dirty_bytes: Option<u64>,
-    pub dirty_background_ratio: Option<u64>,
-    pub dirty_background_bytes: Option<u64>,
-    pub swappiness: Option<u64>,
-    pub zone_reclaim_mode: Option<u64>,
-    pub overcommit_memory: Option<u64>,
+pub(crate) struct HostFacts {
+    pub(crate) mem_total_bytes: Option<u64>,
+    pub(crate) dirty_ratio: Option<u64>,
+    pub(crate) dirty_bytes: Option<u64>,
+    pub(crate) dirty_background_ratio: Option<u64>,
+    pub(crate) dirty_background_bytes: Option<u64>,
+    pub(crate) swappiness: Option<u64>,
+    pub(crate) zone_reclaim_mode: Option<u64>,
+    pub(crate) overcommit_memory: Option<u64>,
     /// The selected value of /sys/kernel/mm/transparent_hugepage/enabled.
-    pub thp_enabled: Option<String>,
+    pub(crate) thp_enabled: Option<String>,
     /// HugePages_Total from /proc/meminfo.
-    pub hugepages_total: Option<u64>,
+    pub(crate) hugepages_total: Option<u64>,
     /// The `vm.*` assignments the next boot would make, in the order they
     /// are applied (see [`read::boot_sysctls`]); `None` when no boot
     /// configuration was found to judge against.
-    pub boot: Option<Vec<BootAssignment>>,
+    pub(crate) boot: Option<Vec<BootAssignment>>,
 }
 
 /// One `key = value` line of the boot-time sysctl configuration.
 #[derive(Debug, Clone, PartialEq)]
-pub struct BootAssignment {
+pub(crate) struct BootAssignment {
     /// Dotted, as `sysctl` prints it: `vm.swappiness`.
-    pub key: String,
-    pub value: String,
+    pub(crate) key: String,
+    pub(crate) value: String,
     /// The file (or `/proc/cmdline`) that makes it.
-    pub source: String,
+    pub(crate) source: String,
 }
 
 /// Facts of one volume's filesystem and the disk under it.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct VolumeFacts {
-    pub fstype: Option<String>,
+pub(crate) struct VolumeFacts {
+    pub(crate) fstype: Option<String>,
     /// For overlay: the filesystem type its upper directory lives on.
-    pub overlay_upper_fstype: Option<String>,
+    pub(crate) overlay_upper_fstype: Option<String>,
     /// Mount options and superblock options from mountinfo, together.
-    pub mount_options: Option<Vec<String>>,
+    pub(crate) mount_options: Option<Vec<String>>,
     /// The whole disk's name (`vda`, `nvme0n1`), when there is one.
-    pub disk: Option<String>,
+    pub(crate) disk: Option<String>,
     /// The selected value of queue/scheduler.
-    pub scheduler: Option<String>,
-    pub rotational: Option<bool>,
+    pub(crate) scheduler: Option<String>,
+    pub(crate) rotational: Option<bool>,
     /// queue/write_cache: `write back` or `write through`.
-    pub write_cache: Option<String>,
-    pub read_ahead_kb: Option<u64>,
+    pub(crate) write_cache: Option<String>,
+    pub(crate) read_ahead_kb: Option<u64>,
     /// A virtio/xen/cloud disk, whose real scheduling happens on the host.
-    pub virtual_disk: bool,
+    pub(crate) virtual_disk: bool,
     /// The probe saw syncs faster than stable media can make data durable
     /// (`check`'s `sync_too_fast`); `None` before any commit probe.
-    pub sync_too_fast: Option<bool>,
+    pub(crate) sync_too_fast: Option<bool>,
 }
 
 /// One pg_settings row.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PgSetting {
-    pub name: String,
-    pub setting: String,
+pub(crate) struct PgSetting {
+    pub(crate) name: String,
+    pub(crate) setting: String,
     /// In base units (bytes, seconds), when numeric.
-    pub numeric: Option<f64>,
-    pub source: String,
-    pub pending_restart: bool,
+    pub(crate) numeric: Option<f64>,
+    pub(crate) source: String,
+    pub(crate) pending_restart: bool,
 }
 
 /// Facts of one PostgreSQL cluster, from read-only SQL and discovery.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ClusterFacts {
-    pub settings: Vec<PgSetting>,
-    pub checkpoints_timed: Option<f64>,
-    pub checkpoints_requested: Option<f64>,
+pub(crate) struct ClusterFacts {
+    pub(crate) settings: Vec<PgSetting>,
+    pub(crate) checkpoints_timed: Option<f64>,
+    pub(crate) checkpoints_requested: Option<f64>,
     /// Filesystem ids (`MAJ:MIN` or volume names) of the data directory
     /// and the WAL directory, from discovery.
-    pub data_fs: Option<String>,
-    pub wal_fs: Option<String>,
+    pub(crate) data_fs: Option<String>,
+    pub(crate) wal_fs: Option<String>,
     /// Whether the data directory's disk is non-rotational.
-    pub data_nonrotational: Option<bool>,
+    pub(crate) data_nonrotational: Option<bool>,
     /// HugePages_Total of the host the cluster runs on.
-    pub hugepages_total: Option<u64>,
+    pub(crate) hugepages_total: Option<u64>,
 }
 
 impl ClusterFacts {
-    pub fn get(&self, name: &str) -> Option<&PgSetting> {
+    pub(crate) fn get(&self, name: &str) -> Option<&PgSetting> {
         self.settings.iter().find(|s| s.name == name)
     }
 }
@@ -384,7 +290,7 @@ fn sysctl(name: &str) -> String {
     format!("/proc/sys/vm/{name}")
 }
 
-pub fn evaluate_host(h: &HostFacts) -> Outcome {
+pub(crate) fn evaluate_host(h: &HostFacts) -> Outcome {
     let mut o = kernel_checks(h);
     o.note("sysctl_not_persistent", not_persistent(h));
     o
@@ -429,7 +335,7 @@ const GROUPS: &[&[&str]] = &[
 /// The judged `vm.*` values after a reboot and where each comes from:
 /// the kernel default, then the assignments in order (a later one wins,
 /// and one of a ratio/bytes pair zeroes the other, as the kernel does).
-pub fn boot_values(boot: &[BootAssignment]) -> Vec<(&'static str, u64, String)> {
+pub(crate) fn boot_values(boot: &[BootAssignment]) -> Vec<(&'static str, u64, String)> {
     let mut v: Vec<(&'static str, u64, String)> = BOOT_DEFAULTS
         .iter()
         .map(|(k, d)| (*k, *d, "kernel default".to_string()))
@@ -630,7 +536,7 @@ fn kernel_checks(h: &HostFacts) -> Outcome {
 /// Filesystems living in memory: sync returns at once and proves nothing.
 const MEMORY_FILESYSTEMS: &[&str] = &["tmpfs", "ramfs", "hugetlbfs", "devtmpfs"];
 
-pub fn evaluate_volume(v: &VolumeFacts) -> Outcome {
+pub(crate) fn evaluate_volume(v: &VolumeFacts) -> Outcome {
     let mut o = Outcome::default();
     let opts = v.mount_options.as_deref();
     let has = |o: &str| opts.is_some_and(|opts| opts.iter().any(|x| x == o));
@@ -802,7 +708,7 @@ pub fn evaluate_volume(v: &VolumeFacts) -> Outcome {
     o
 }
 
-pub fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
+pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
     let mut o = Outcome::default();
     let s = |name: &str| cf.get(name).map(|s| s.setting.as_str());
     let alter = |name: &str, value: &str| {
@@ -989,22 +895,22 @@ pub fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
 
 /// One audit pass over the host, every volume and every cluster.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Report {
-    pub host: Outcome,
+pub(crate) struct Report {
+    pub(crate) host: Outcome,
     /// By volume name.
-    pub volumes: Vec<(String, Outcome)>,
+    pub(crate) volumes: Vec<(String, Outcome)>,
     /// By cluster name; a cluster not connected yet is left out.
-    pub clusters: Vec<(String, Outcome)>,
+    pub(crate) clusters: Vec<(String, Outcome)>,
     /// Files that exist but could not be read or parsed this pass.
-    pub read_errors: Vec<String>,
+    pub(crate) read_errors: Vec<String>,
 }
 
 impl Report {
-    pub fn checked(&self) -> u64 {
+    pub(crate) fn checked(&self) -> u64 {
         self.outcomes().map(|o| u64::from(o.checked)).sum()
     }
 
-    pub fn skipped(&self) -> u64 {
+    pub(crate) fn skipped(&self) -> u64 {
         self.outcomes().map(|o| u64::from(o.skipped)).sum()
     }
 
@@ -1017,25 +923,25 @@ impl Report {
 
 /// What the exporter serves: the latest report and lifetime counters.
 #[derive(Debug, Clone, Default)]
-pub struct AuditSnapshot {
+pub(crate) struct AuditSnapshot {
     /// Behind an `Arc`: every scrape takes a snapshot, and the report (a
     /// few strings per volume and cluster) changes only once per audit
     /// pass, so a snapshot shares it instead of copying it.
-    pub last: Option<std::sync::Arc<Report>>,
+    pub(crate) last: Option<std::sync::Arc<Report>>,
     /// Unix time of the latest pass.
-    pub last_run: Option<f64>,
-    pub runs: u64,
-    pub checks_evaluated: u64,
-    pub checks_skipped: u64,
-    pub read_errors: u64,
+    pub(crate) last_run: Option<f64>,
+    pub(crate) runs: u64,
+    pub(crate) checks_evaluated: u64,
+    pub(crate) checks_skipped: u64,
+    pub(crate) read_errors: u64,
 }
 
 /// Shared between the audit task (writer) and the exposition (reader).
 #[derive(Debug, Default)]
-pub struct AuditState(std::sync::Mutex<AuditSnapshot>);
+pub(crate) struct AuditState(std::sync::Mutex<AuditSnapshot>);
 
 impl AuditState {
-    pub fn record(&self, report: Report, unix_time: f64) {
+    pub(crate) fn record(&self, report: Report, unix_time: f64) {
         // A poisoned lock only means a reader panicked mid-copy; the data
         // is plain counters and a report, still consistent to overwrite.
         let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -1047,7 +953,7 @@ impl AuditState {
         s.last = Some(std::sync::Arc::new(report));
     }
 
-    pub fn snapshot(&self) -> AuditSnapshot {
+    pub(crate) fn snapshot(&self) -> AuditSnapshot {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

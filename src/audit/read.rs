@@ -15,7 +15,7 @@ use super::{BootAssignment, HostFacts, VolumeFacts};
 
 /// Errors of one reading pass: the file and what went wrong.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct ReadErrors(pub Vec<String>);
+pub(crate) struct ReadErrors(pub(crate) Vec<String>);
 
 impl ReadErrors {
     /// A file's trimmed text; `None` when it does not exist.
@@ -44,7 +44,7 @@ impl ReadErrors {
 }
 
 /// The bracketed choice of a sysfs selector: `always [madvise] never` → `madvise`.
-pub fn selected(text: &str) -> Option<String> {
+pub(crate) fn selected(text: &str) -> Option<String> {
     let start = text.find('[')?;
     let end = text[start..].find(']')? + start;
     Some(text[start + 1..end].to_string())
@@ -65,12 +65,12 @@ fn meminfo_value(text: &str, key: &str) -> Option<u64> {
 
 /// The host facts with the boot configuration of the filesystem at `/`
 /// (what `check` judges: it has no configuration of its own).
-pub fn host(proc_root: &Path, sys_root: &Path) -> (HostFacts, ReadErrors) {
+pub(crate) fn host(proc_root: &Path, sys_root: &Path) -> (HostFacts, ReadErrors) {
     host_at(proc_root, sys_root, Path::new("/"))
 }
 
 /// The host facts, the boot-time sysctl configuration read under `rootfs`.
-pub fn host_at(proc_root: &Path, sys_root: &Path, rootfs: &Path) -> (HostFacts, ReadErrors) {
+pub(crate) fn host_at(proc_root: &Path, sys_root: &Path, rootfs: &Path) -> (HostFacts, ReadErrors) {
     let mut e = ReadErrors::default();
     let vm = proc_root.join("sys/vm");
     let meminfo = e.text(&proc_root.join("meminfo"));
@@ -99,7 +99,7 @@ pub fn host_at(proc_root: &Path, sys_root: &Path, rootfs: &Path) -> (HostFacts, 
 /// Where sysctl.d(5) files live, highest priority first: a file name in
 /// an earlier directory hides the same name in the later ones. (`/lib`
 /// is often a link to `/usr/lib`: the same names, hidden the same way.)
-pub const SYSCTL_DIRS: &[&str] = &[
+pub(crate) const SYSCTL_DIRS: &[&str] = &[
     "etc/sysctl.d",
     "run/sysctl.d",
     "usr/local/lib/sysctl.d",
@@ -110,7 +110,7 @@ pub const SYSCTL_DIRS: &[&str] = &[
 /// `key = value` lines of a sysctl.conf(5) file, in order. `#` and `;`
 /// start comments, a leading `-` only says "ignore a failure", and `/`
 /// separates the key's parts as well as `.` does.
-pub fn parse_sysctl_conf(text: &str, source: &str) -> Vec<BootAssignment> {
+pub(crate) fn parse_sysctl_conf(text: &str, source: &str) -> Vec<BootAssignment> {
     text.lines()
         .filter_map(|l| {
             let l = l.trim();
@@ -130,7 +130,7 @@ pub fn parse_sysctl_conf(text: &str, source: &str) -> Vec<BootAssignment> {
 
 /// `sysctl.vm.swappiness=1` on the kernel command line (Linux 5.8 and
 /// later apply these before any init system runs).
-pub fn parse_cmdline(text: &str, source: &str) -> Vec<BootAssignment> {
+pub(crate) fn parse_cmdline(text: &str, source: &str) -> Vec<BootAssignment> {
     text.split_whitespace()
         .filter_map(|w| {
             let (k, v) = w.strip_prefix("sysctl.")?.split_once('=')?;
@@ -149,7 +149,7 @@ pub fn parse_cmdline(text: &str, source: &str) -> Vec<BootAssignment> {
 /// (`sysctl --system` reads it last; systemd-sysctl reaches it through
 /// Debian's `99-sysctl.conf` link: the last word either way).
 /// `present[i]` lists the `.conf` names found in `SYSCTL_DIRS[i]`.
-pub fn sysctl_order(present: &[Vec<String>]) -> Vec<String> {
+pub(crate) fn sysctl_order(present: &[Vec<String>]) -> Vec<String> {
     let mut chosen: std::collections::BTreeMap<&str, String> = Default::default();
     for (dir, names) in SYSCTL_DIRS.iter().zip(present) {
         for n in names {
@@ -168,7 +168,7 @@ pub fn sysctl_order(present: &[Vec<String>]) -> Vec<String> {
 /// `rootfs` holds none of the sysctl locations: a container's own
 /// filesystem often has none, and judging the host's running values
 /// against an empty configuration would report every tuned value.
-pub fn boot_sysctls(
+pub(crate) fn boot_sysctls(
     rootfs: &Path,
     proc_root: &Path,
     e: &mut ReadErrors,
@@ -215,12 +215,12 @@ pub fn boot_sysctls(
 
 /// One mountinfo line, the fields the audit needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Mount {
-    pub majmin: String,
-    pub mount_point: PathBuf,
-    pub fstype: String,
+pub(crate) struct Mount {
+    pub(crate) majmin: String,
+    pub(crate) mount_point: PathBuf,
+    pub(crate) fstype: String,
     /// Per-mount and superblock options together.
-    pub options: Vec<String>,
+    pub(crate) options: Vec<String>,
 }
 
 /// mountinfo escapes space, tab, newline and backslash as octal.
@@ -231,7 +231,7 @@ fn unescape(s: &str) -> String {
         .replace("\\134", "\\")
 }
 
-pub fn parse_mountinfo(text: &str) -> Vec<Mount> {
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|l| {
             let (left, right) = l.split_once(" - ")?;
@@ -268,7 +268,7 @@ const VIRTUAL_VENDORS: &[&str] = &["QEMU", "VMware", "Msft", "Google", "Amazon",
 
 /// `sync_too_fast` comes from the probe; the rest from the roots. `disk`
 /// is the whole disk under the volume, when there is one.
-pub fn volume(
+pub(crate) fn volume(
     proc_root: &Path,
     sys_root: &Path,
     path: &Path,

@@ -18,7 +18,7 @@ use crate::model::ceiling::capped_ceiling;
 /// Where a write-IOPS cap came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum CapSource {
+pub(crate) enum CapSource {
     /// The plateau the queue-depth sweep found for 8 KiB random writes.
     Sweep,
     /// A `write_iops` limit on the volume's disk in the cgroup `check` runs
@@ -37,37 +37,37 @@ impl CapSource {
 
 /// A write-IOPS cap `check` knows of.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Cap {
-    pub write_iops: f64,
-    pub source: CapSource,
+pub(crate) struct Cap {
+    pub(crate) write_iops: f64,
+    pub(crate) source: CapSource,
 }
 
 /// One basis's ceiling, with what it was computed from.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Ceiling {
+pub(crate) struct Ceiling {
     /// `probe_mean` or `cap`.
-    pub basis: &'static str,
-    pub per_second: f64,
+    pub(crate) basis: &'static str,
+    pub(crate) per_second: f64,
     /// probe_mean: the busy commits it was computed from.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub commits: Option<u64>,
+    pub(crate) commits: Option<u64>,
     /// probe_mean: their mean time, in seconds.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub mean_seconds: Option<f64>,
+    pub(crate) mean_seconds: Option<f64>,
     /// cap: the write-IOPS cap.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub write_iops_cap: Option<f64>,
+    pub(crate) write_iops_cap: Option<f64>,
     /// cap: where the cap came from.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cap_source: Option<CapSource>,
+    pub(crate) cap_source: Option<CapSource>,
     /// cap: device writes per commit it was divided by.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub writes_per_commit: Option<f64>,
+    pub(crate) writes_per_commit: Option<f64>,
 }
 
 impl Ceiling {
     /// What it was computed from, in words, for the text report.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.write_iops_cap, self.cap_source, self.writes_per_commit) {
             (Some(cap), Some(src), Some(w)) => format!(
                 "{}, {cap:.0} IOPS ÷ {w} device writes per commit",
@@ -95,7 +95,7 @@ impl Ceiling {
 /// the rate the throttle sustains; without a throttle the longest commit is
 /// one of thousands and changes the figure by a fraction of a percent. With
 /// one commit, 1 / its time. `None` without a positive finite time.
-pub fn probe_mean_rate(count: u64, mean: f64, max: f64) -> Option<f64> {
+pub(crate) fn probe_mean_rate(count: u64, mean: f64, max: f64) -> Option<f64> {
     if count == 0 || !(mean.is_finite() && mean > 0.0) {
         return None;
     }
@@ -111,7 +111,7 @@ pub fn probe_mean_rate(count: u64, mean: f64, max: f64) -> Option<f64> {
 /// The ceilings `check` can give: `probe_mean` from the busy commits
 /// (`count`, `mean`, `max` in seconds) when there were any, and one `cap`
 /// ceiling per known cap (`writes_per_commit` device writes each).
-pub fn ceilings(
+pub(crate) fn ceilings(
     busy: Option<(u64, f64, f64)>,
     caps: &[Cap],
     writes_per_commit: f64,
@@ -154,7 +154,7 @@ pub fn ceilings(
 
 /// The ceiling in force: the lowest, as in the daemon; the first of equal
 /// ones.
-pub fn in_force(ceilings: &[Ceiling]) -> Option<&Ceiling> {
+pub(crate) fn in_force(ceilings: &[Ceiling]) -> Option<&Ceiling> {
     ceilings
         .iter()
         .filter(|c| c.per_second.is_finite() && c.per_second > 0.0)

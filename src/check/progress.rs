@@ -33,14 +33,14 @@ impl Plan {
 }
 
 #[derive(Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// None when stderr is not a terminal (or the style did not build).
     bar: Option<ProgressBar>,
     plan: Arc<Mutex<Plan>>,
 }
 
 /// `7s`, `1m05s`: whole seconds, enough for a run of seconds to minutes.
-pub fn fmt_secs(d: Duration) -> String {
+pub(crate) fn fmt_secs(d: Duration) -> String {
     let s = d.as_secs();
     if s < 60 {
         format!("{s}s")
@@ -52,7 +52,7 @@ pub fn fmt_secs(d: Duration) -> String {
 impl Progress {
     /// A progress line on stderr if it is a terminal; else one that shows
     /// nothing.
-    pub fn new() -> Progress {
+    pub(crate) fn new() -> Progress {
         let plan = Arc::new(Mutex::new(Plan {
             phase_end: Instant::now(),
             after: Duration::ZERO,
@@ -93,7 +93,7 @@ impl Progress {
 
     /// A phase starts: it should take `length` (zero when unknown, as for
     /// creating the probe files), and `after` is planned after it.
-    pub fn phase(&self, name: &'static str, length: Duration, after: Duration) {
+    pub(crate) fn phase(&self, name: &'static str, length: Duration, after: Duration) {
         if let Ok(mut p) = self.plan.lock() {
             *p = Plan {
                 phase_end: Instant::now() + length,

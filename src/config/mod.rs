@@ -26,42 +26,42 @@ use raw::{RawConfig, RawVolume, RawVolumeDefaults, Sp};
 /// Where the exporter probes when given no volume at all: /var/tmp is on
 /// persistent storage on common distributions (unlike /tmp, often tmpfs),
 /// writable by any user, and not cleaned at boot.
-pub const DEFAULT_VOLUME_PATH: &str = "/var/tmp";
-pub const DEFAULT_VOLUME_NAME: &str = "default";
+pub(crate) const DEFAULT_VOLUME_PATH: &str = "/var/tmp";
+pub(crate) const DEFAULT_VOLUME_NAME: &str = "default";
 
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
-pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(15 * 60);
+pub(crate) const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Validated configuration of the daemon.
 #[derive(Debug, Clone)]
-pub struct Config {
-    pub window: Duration,
-    pub shutdown_timeout: Duration,
-    pub volumes: Vec<VolumeSpec>,
-    pub clusters: Vec<ClusterConfig>,
+pub(crate) struct Config {
+    pub(crate) window: Duration,
+    pub(crate) shutdown_timeout: Duration,
+    pub(crate) volumes: Vec<VolumeSpec>,
+    pub(crate) clusters: Vec<ClusterConfig>,
     /// Settings for volumes discovered at run time: `[defaults]` with the
     /// `--probe.*` flags on top (the sync method follows the cluster).
-    pub volume_defaults: ProbeSettings,
-    pub limits: LimitsSettings,
+    pub(crate) volume_defaults: ProbeSettings,
+    pub(crate) limits: LimitsSettings,
     /// `--collector.*` / `--no-collector.*`: fixed at start (flags are not
     /// read again on reload).
-    pub collectors: Collectors,
-    pub audit: AuditSettings,
+    pub(crate) collectors: Collectors,
+    pub(crate) audit: AuditSettings,
 }
 
 /// The storage-configuration audit's schedule and silenced codes.
 #[derive(Debug, Clone, PartialEq)]
-pub struct AuditSettings {
-    pub interval: Duration,
+pub(crate) struct AuditSettings {
+    pub(crate) interval: Duration,
     /// `[audit] ignore`: silenced everywhere, host findings included.
-    pub ignore: Vec<String>,
+    pub(crate) ignore: Vec<String>,
     /// `audit.ignore` of each `[[volume]]`, by volume name.
-    pub volumes: std::collections::BTreeMap<String, Vec<String>>,
+    pub(crate) volumes: std::collections::BTreeMap<String, Vec<String>>,
     /// `audit.ignore` of each `[[cluster]]`, by cluster name.
-    pub clusters: std::collections::BTreeMap<String, Vec<String>>,
+    pub(crate) clusters: std::collections::BTreeMap<String, Vec<String>>,
     /// `host_root`: where the host's root filesystem is seen, for its
     /// boot-time sysctl configuration (`/` unless in a container).
-    pub host_root: PathBuf,
+    pub(crate) host_root: PathBuf,
 }
 
 impl Default for AuditSettings {
@@ -82,7 +82,7 @@ impl AuditSettings {
     /// WAL or tablespaces are on it (`of_clusters`): a discovered volume
     /// has no table of its own, and the cluster's table is where its owner
     /// writes down a deliberate choice.
-    pub fn for_volume(&self, name: &str, of_clusters: &[&str]) -> Vec<String> {
+    pub(crate) fn for_volume(&self, name: &str, of_clusters: &[&str]) -> Vec<String> {
         let mut v = self.ignore.clone();
         v.extend(self.volumes.get(name).into_iter().flatten().cloned());
         for c in of_clusters {
@@ -93,7 +93,7 @@ impl AuditSettings {
         v
     }
 
-    pub fn for_cluster(&self, name: &str) -> Vec<String> {
+    pub(crate) fn for_cluster(&self, name: &str) -> Vec<String> {
         let mut v = self.ignore.clone();
         v.extend(self.clusters.get(name).into_iter().flatten().cloned());
         v
@@ -101,18 +101,18 @@ impl AuditSettings {
 }
 
 /// Slow on purpose: the configuration it reads changes by hand, rarely.
-pub const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_secs(5 * 60);
+pub(crate) const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_secs(5 * 60);
 
-pub const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(10);
-pub const DEFAULT_WAIT_SAMPLING_INTERVAL: Duration = Duration::from_secs(1);
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_WAIT_SAMPLING_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A PostgreSQL cluster to watch, with its connection target resolved.
 #[derive(Debug, Clone)]
-pub struct ClusterConfig {
-    pub collector: crate::postgres::ClusterConfig,
-    pub target: crate::postgres::dsn::Target,
+pub(crate) struct ClusterConfig {
+    pub(crate) collector: crate::postgres::ClusterConfig,
+    pub(crate) target: crate::postgres::dsn::Target,
 }
 
 /// Where a setting came from, so an error can point at it.
@@ -176,7 +176,7 @@ pub enum ConfigError {
 
 impl ConfigError {
     /// The `cause` label of `pgstorage_config_reload_errors_total`.
-    pub fn cause(&self) -> &'static str {
+    pub(crate) fn cause(&self) -> &'static str {
         match self {
             ConfigError::Read { .. } => "unreadable",
             ConfigError::Syntax { .. } => "syntax",
@@ -188,7 +188,7 @@ impl ConfigError {
 /// A volume that insists on io_uring on a host that forbids it is a
 /// configuration problem, found before anything is started: the message
 /// names the volume (or the discovered volumes' defaults).
-pub fn engine_problem(cfg: &Config) -> Option<String> {
+pub(crate) fn engine_problem(cfg: &Config) -> Option<String> {
     let discovered = (!cfg.clusters.is_empty()).then(|| {
         (
             "volumes discovered from PostgreSQL".to_string(),
@@ -208,30 +208,30 @@ pub fn engine_problem(cfg: &Config) -> Option<String> {
 
 /// Settings given on the command line that shape volumes.
 #[derive(Debug, Clone, Default)]
-pub struct FlagOverrides {
+pub(crate) struct FlagOverrides {
     /// `--probe.path [NAME=]PATH`, in order.
-    pub probe_paths: Vec<String>,
-    pub engine: Option<EngineChoice>,
-    pub sync_method: Option<SyncMethod>,
-    pub interval: Option<Duration>,
-    pub busy_every: Option<Duration>,
-    pub read_file_size: Option<u64>,
-    pub free_space_reserve: Option<u64>,
+    pub(crate) probe_paths: Vec<String>,
+    pub(crate) engine: Option<EngineChoice>,
+    pub(crate) sync_method: Option<SyncMethod>,
+    pub(crate) interval: Option<Duration>,
+    pub(crate) busy_every: Option<Duration>,
+    pub(crate) read_file_size: Option<u64>,
+    pub(crate) free_space_reserve: Option<u64>,
     /// `--pg.dsn [NAME=]DSN`, in order.
-    pub pg_dsns: Vec<String>,
+    pub(crate) pg_dsns: Vec<String>,
     /// `DATA_SOURCE_NAME` (`[NAME=]DSN`), when set and not blank: one more
     /// cluster after the `--pg.dsn` ones.
-    pub data_source_name: Option<String>,
+    pub(crate) data_source_name: Option<String>,
     /// `--pg.scrape-interval` for clusters from flags.
-    pub pg_scrape_interval: Option<Duration>,
+    pub(crate) pg_scrape_interval: Option<Duration>,
     /// `--no-pg.discover-volumes`.
-    pub pg_no_discovery: bool,
+    pub(crate) pg_no_discovery: bool,
     /// `--collector.*` / `--no-collector.*`.
-    pub collectors: Collectors,
+    pub(crate) collectors: Collectors,
 }
 
 /// Loads and validates the configuration from an optional file plus flags.
-pub fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Config, ConfigError> {
+pub(crate) fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Config, ConfigError> {
     let raw = match file {
         Some(path) => {
             let text = crate::input::read_to_string(path, crate::input::Kind::Config).map_err(
@@ -254,7 +254,7 @@ pub fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Config, Config
 }
 
 /// Turns a parsed file and flags into a validated [`Config`].
-pub fn build(
+pub(crate) fn build(
     file: Option<(&Path, &str)>,
     raw: RawConfig,
     flags: &FlagOverrides,
@@ -464,7 +464,7 @@ fn window_too_big(window: Duration, probe: &ProbeSettings, whose: &str) -> Optio
 
 /// Cluster names label every PostgreSQL series and prefix discovered
 /// volume names (`<cluster>/wal`): same rules as volume names, minus `/`.
-pub fn validate_cluster_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_cluster_name(name: &str) -> Result<(), String> {
     if name.is_empty() || name.len() > 48 {
         return Err(format!(
             "invalid cluster name {name:?}: use 1 to 48 characters"

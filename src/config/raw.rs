@@ -10,124 +10,124 @@ use crate::types::{EngineChoice, ProbeKind, SyncMethod};
 use crate::units::{ByteSize, HumanDuration};
 
 /// A value with its byte span in the file.
-pub type Sp<T> = toml::Spanned<T>;
+pub(crate) type Sp<T> = toml::Spanned<T>;
 
 /// Top level of the config file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     /// Length of the sliding window for exact quantiles.
-    pub window: Option<Sp<HumanDuration>>,
+    pub(crate) window: Option<Sp<HumanDuration>>,
     /// How long shutdown waits for a probe in flight before abandoning it.
-    pub shutdown_timeout: Option<Sp<HumanDuration>>,
+    pub(crate) shutdown_timeout: Option<Sp<HumanDuration>>,
     /// Settings every `[[volume]]` inherits unless it sets its own.
-    pub defaults: Option<RawVolumeDefaults>,
+    pub(crate) defaults: Option<RawVolumeDefaults>,
     /// Volumes to probe.
     #[serde(default)]
-    pub volume: Vec<RawVolume>,
+    pub(crate) volume: Vec<RawVolume>,
     /// PostgreSQL clusters to watch.
     #[serde(default)]
-    pub cluster: Vec<RawCluster>,
+    pub(crate) cluster: Vec<RawCluster>,
     /// How often IO limits and counters are read.
-    pub limits_interval: Option<Sp<HumanDuration>>,
+    pub(crate) limits_interval: Option<Sp<HumanDuration>>,
     /// Where cgroup hierarchies are mounted (tests point it at fixtures; an
     /// empty directory turns cgroup reading off).
-    pub cgroup_root: Option<Sp<PathBuf>>,
+    pub(crate) cgroup_root: Option<Sp<PathBuf>>,
     /// procfs mount point.
-    pub proc_root: Option<Sp<PathBuf>>,
+    pub(crate) proc_root: Option<Sp<PathBuf>>,
     /// sysfs mount point.
-    pub sys_root: Option<Sp<PathBuf>>,
+    pub(crate) sys_root: Option<Sp<PathBuf>>,
     /// Where the host's root filesystem is mounted (the audit reads its
     /// boot-time sysctl configuration there).
-    pub host_root: Option<Sp<PathBuf>>,
+    pub(crate) host_root: Option<Sp<PathBuf>>,
     /// How often the storage-configuration audit runs.
-    pub audit_interval: Option<Sp<HumanDuration>>,
+    pub(crate) audit_interval: Option<Sp<HumanDuration>>,
     /// `[audit]`: audit codes silenced everywhere (host findings included).
-    pub audit: Option<RawAudit>,
+    pub(crate) audit: Option<RawAudit>,
 }
 
 /// `audit.ignore = ["code", ...]` at the top, in a volume or a cluster.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawAudit {
+pub(crate) struct RawAudit {
     #[serde(default)]
-    pub ignore: Vec<Sp<String>>,
+    pub(crate) ignore: Vec<Sp<String>>,
 }
 
 /// One `[[cluster]]` table.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawCluster {
+pub(crate) struct RawCluster {
     /// Label value of `cluster` on every series of this cluster.
-    pub name: Sp<String>,
+    pub(crate) name: Sp<String>,
     /// libpq connection string or postgresql:// URL.
-    pub dsn: Sp<String>,
+    pub(crate) dsn: Sp<String>,
     /// File holding the password (one line), instead of one in the DSN.
-    pub password_file: Option<Sp<PathBuf>>,
-    pub scrape_interval: Option<Sp<HumanDuration>>,
-    pub wait_sampling_interval: Option<Sp<HumanDuration>>,
-    pub statement_timeout: Option<Sp<HumanDuration>>,
-    pub discover_volumes: Option<Sp<bool>>,
+    pub(crate) password_file: Option<Sp<PathBuf>>,
+    pub(crate) scrape_interval: Option<Sp<HumanDuration>>,
+    pub(crate) wait_sampling_interval: Option<Sp<HumanDuration>>,
+    pub(crate) statement_timeout: Option<Sp<HumanDuration>>,
+    pub(crate) discover_volumes: Option<Sp<bool>>,
     /// Audit codes silenced for this cluster.
-    pub audit: Option<RawAudit>,
+    pub(crate) audit: Option<RawAudit>,
 }
 
 /// `[defaults]`: the per-volume settings, without identity.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawVolumeDefaults {
-    pub probes: Option<Sp<Vec<ProbeKind>>>,
-    pub interval: Option<Sp<HumanDuration>>,
-    pub timeout: Option<Sp<HumanDuration>>,
-    pub read_file_size: Option<Sp<ByteSize>>,
-    pub sync_method: Option<Sp<SyncMethod>>,
-    pub free_space_reserve: Option<Sp<ByteSize>>,
-    pub engine: Option<Sp<EngineChoice>>,
-    pub cache_served_threshold: Option<Sp<HumanDuration>>,
-    pub sweep_every: Option<Sp<HumanDuration>>,
-    pub sweep_duration: Option<Sp<HumanDuration>>,
-    pub busy_every: Option<Sp<HumanDuration>>,
+pub(crate) struct RawVolumeDefaults {
+    pub(crate) probes: Option<Sp<Vec<ProbeKind>>>,
+    pub(crate) interval: Option<Sp<HumanDuration>>,
+    pub(crate) timeout: Option<Sp<HumanDuration>>,
+    pub(crate) read_file_size: Option<Sp<ByteSize>>,
+    pub(crate) sync_method: Option<Sp<SyncMethod>>,
+    pub(crate) free_space_reserve: Option<Sp<ByteSize>>,
+    pub(crate) engine: Option<Sp<EngineChoice>>,
+    pub(crate) cache_served_threshold: Option<Sp<HumanDuration>>,
+    pub(crate) sweep_every: Option<Sp<HumanDuration>>,
+    pub(crate) sweep_duration: Option<Sp<HumanDuration>>,
+    pub(crate) busy_every: Option<Sp<HumanDuration>>,
 }
 
 /// One `[[volume]]` table.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawVolume {
+pub(crate) struct RawVolume {
     /// Label value of `volume` on every series of this volume.
-    pub name: Sp<String>,
+    pub(crate) name: Sp<String>,
     /// Directory on the filesystem to measure.
-    pub path: Sp<PathBuf>,
+    pub(crate) path: Sp<PathBuf>,
     /// Where probe files go; default `<path>/pg-storage-exporter-probe`.
-    pub probe_dir: Option<Sp<PathBuf>>,
-    pub probes: Option<Sp<Vec<ProbeKind>>>,
-    pub interval: Option<Sp<HumanDuration>>,
-    pub timeout: Option<Sp<HumanDuration>>,
-    pub read_file_size: Option<Sp<ByteSize>>,
-    pub sync_method: Option<Sp<SyncMethod>>,
-    pub free_space_reserve: Option<Sp<ByteSize>>,
-    pub engine: Option<Sp<EngineChoice>>,
-    pub cache_served_threshold: Option<Sp<HumanDuration>>,
-    pub sweep_every: Option<Sp<HumanDuration>>,
-    pub sweep_duration: Option<Sp<HumanDuration>>,
-    pub busy_every: Option<Sp<HumanDuration>>,
+    pub(crate) probe_dir: Option<Sp<PathBuf>>,
+    pub(crate) probes: Option<Sp<Vec<ProbeKind>>>,
+    pub(crate) interval: Option<Sp<HumanDuration>>,
+    pub(crate) timeout: Option<Sp<HumanDuration>>,
+    pub(crate) read_file_size: Option<Sp<ByteSize>>,
+    pub(crate) sync_method: Option<Sp<SyncMethod>>,
+    pub(crate) free_space_reserve: Option<Sp<ByteSize>>,
+    pub(crate) engine: Option<Sp<EngineChoice>>,
+    pub(crate) cache_served_threshold: Option<Sp<HumanDuration>>,
+    pub(crate) sweep_every: Option<Sp<HumanDuration>>,
+    pub(crate) sweep_duration: Option<Sp<HumanDuration>>,
+    pub(crate) busy_every: Option<Sp<HumanDuration>>,
     /// cgroup whose IO limits bind this volume's users, as /proc/<pid>/cgroup
     /// names it ("/system.slice/postgresql@16-main.service"); default: the
     /// PostgreSQL postmaster's for discovered volumes, else the exporter's.
-    pub cgroup: Option<Sp<String>>,
+    pub(crate) cgroup: Option<Sp<String>>,
     /// Provisioned (cloud) limits of the volume's disk.
-    pub provisioned_iops: Option<Sp<u64>>,
-    pub provisioned_read_iops: Option<Sp<u64>>,
-    pub provisioned_write_iops: Option<Sp<u64>>,
-    pub provisioned_throughput: Option<Sp<ByteSize>>,
-    pub provisioned_read_throughput: Option<Sp<ByteSize>>,
-    pub provisioned_write_throughput: Option<Sp<ByteSize>>,
+    pub(crate) provisioned_iops: Option<Sp<u64>>,
+    pub(crate) provisioned_read_iops: Option<Sp<u64>>,
+    pub(crate) provisioned_write_iops: Option<Sp<u64>>,
+    pub(crate) provisioned_throughput: Option<Sp<ByteSize>>,
+    pub(crate) provisioned_read_throughput: Option<Sp<ByteSize>>,
+    pub(crate) provisioned_write_throughput: Option<Sp<ByteSize>>,
     /// Audit codes silenced for this volume.
-    pub audit: Option<RawAudit>,
+    pub(crate) audit: Option<RawAudit>,
 }
 
 impl RawVolume {
     /// The settings this volume sets itself (a `[defaults]`-shaped view).
-    pub fn settings(&self) -> RawVolumeDefaults {
+    pub(crate) fn settings(&self) -> RawVolumeDefaults {
         RawVolumeDefaults {
             probes: self.probes.clone(),
             interval: self.interval.clone(),
@@ -259,7 +259,7 @@ fn found_in_words(found: &str) -> String {
 /// Rewrites serde's "invalid type: string \"3000\", expected u64" as
 /// "expected a whole number (e.g. 3000), found the string \"3000\"", for
 /// the types a user meets in this file; other messages are kept.
-pub fn plain_type_error(message: &str) -> String {
+pub(crate) fn plain_type_error(message: &str) -> String {
     let Some(rest) = message
         .strip_prefix("invalid type: ")
         .or_else(|| message.strip_prefix("invalid value: "))
@@ -289,12 +289,12 @@ pub fn plain_type_error(message: &str) -> String {
 }
 
 /// 1-based line of a byte offset.
-pub fn line_of(text: &str, offset: usize) -> usize {
+pub(crate) fn line_of(text: &str, offset: usize) -> usize {
     line_col(text, offset).0
 }
 
 /// 1-based (line, column) of a byte offset.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text.as_bytes()[..offset.min(text.len())];
     let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
     let col = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;

@@ -16,7 +16,7 @@ fn row<'a>(f: &'a Finding, scope: Option<(&'static str, &'a str)>) -> Row<'a> {
     (l, 1.0)
 }
 
-pub fn encode(enc: &mut DescriptorEncoder<'_>, s: &AuditSnapshot) -> fmt::Result {
+pub(crate) fn encode(enc: &mut DescriptorEncoder<'_>, s: &AuditSnapshot) -> fmt::Result {
     let mut rows: Vec<Row<'_>> = Vec::new();
     if let Some(r) = &s.last {
         // Host findings carry neither label: they hold for every volume

@@ -22,7 +22,7 @@ struct CauseLabels {
 
 /// Cheap to clone: all handles share the same series.
 #[derive(Debug, Clone)]
-pub struct ConfigMetrics {
+pub(crate) struct ConfigMetrics {
     reloads: Family<ResultLabels, Counter>,
     errors: Family<CauseLabels, Counter>,
     last_ok: Gauge,
@@ -31,10 +31,10 @@ pub struct ConfigMetrics {
 
 /// Causes of a refused reload, created at start so `increase()` sees the
 /// first failure.
-pub const CAUSES: [&str; 4] = ["unreadable", "syntax", "invalid", "timeout"];
+pub(crate) const CAUSES: [&str; 4] = ["unreadable", "syntax", "invalid", "timeout"];
 
 impl ConfigMetrics {
-    pub fn register(registry: &mut Registry) -> ConfigMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> ConfigMetrics {
         let m = ConfigMetrics {
             reloads: Family::default(),
             errors: Family::default(),
@@ -75,19 +75,19 @@ impl ConfigMetrics {
     }
 
     /// The configuration in force was loaded at start.
-    pub fn loaded(&self) {
+    pub(crate) fn loaded(&self) {
         self.last_ok.set(1);
         self.last_success.set(unix_now());
     }
 
-    pub fn reloaded(&self) {
+    pub(crate) fn reloaded(&self) {
         self.reloads
             .get_or_create(&ResultLabels { result: "success" })
             .inc();
         self.loaded();
     }
 
-    pub fn refused(&self, cause: &'static str) {
+    pub(crate) fn refused(&self, cause: &'static str) {
         self.reloads
             .get_or_create(&ResultLabels { result: "failure" })
             .inc();

@@ -28,7 +28,7 @@ struct ErrorLabels {
 
 /// Cheap to clone: all handles share the same series.
 #[derive(Debug, Clone, Default)]
-pub struct ConnectionMetrics {
+pub(crate) struct ConnectionMetrics {
     open: Family<ListenerLabels, Gauge>,
     max: Family<ListenerLabels, Gauge>,
     closed: Family<ReasonLabels, Counter>,
@@ -36,7 +36,7 @@ pub struct ConnectionMetrics {
 }
 
 impl ConnectionMetrics {
-    pub fn register(registry: &mut Registry) -> ConnectionMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> ConnectionMetrics {
         let m = ConnectionMetrics::default();
         registry.register(
             "pgstorage_http_connections",
@@ -70,7 +70,12 @@ impl ConnectionMetrics {
 
     /// The series of one listener, created now so that `increase()` sees
     /// the first closed connection.
-    pub fn listener(&self, listener: &str, max: usize, reasons: &[&'static str]) -> Listener {
+    pub(crate) fn listener(
+        &self,
+        listener: &str,
+        max: usize,
+        reasons: &[&'static str],
+    ) -> Listener {
         let labels = ListenerLabels {
             listener: listener.to_string(),
         };
@@ -102,7 +107,7 @@ impl ConnectionMetrics {
 /// One listener's series, held by its accept loop and connection tasks
 /// (cloned handles: no lookup per connection).
 #[derive(Debug, Clone)]
-pub struct Listener {
+pub(crate) struct Listener {
     name: String,
     open: Gauge,
     closed: Vec<(&'static str, Counter)>,
@@ -110,17 +115,17 @@ pub struct Listener {
 }
 
 impl Listener {
-    pub fn opened(&self) {
+    pub(crate) fn opened(&self) {
         self.open.inc();
     }
 
-    pub fn gone(&self) {
+    pub(crate) fn gone(&self) {
         self.open.dec();
     }
 
     /// A connection closed by the exporter; `reason` is one given to
     /// [`ConnectionMetrics::listener`].
-    pub fn closed(&self, reason: &'static str) {
+    pub(crate) fn closed(&self, reason: &'static str) {
         if let Some((_, c)) = self.closed.iter().find(|(r, _)| *r == reason) {
             c.inc();
         }
@@ -128,7 +133,7 @@ impl Listener {
 
     /// `error` from a fixed list of errno names, so the label set stays
     /// bounded.
-    pub fn accept_failed(&self, error: &'static str) {
+    pub(crate) fn accept_failed(&self, error: &'static str) {
         self.accept_errors
             .get_or_create(&ErrorLabels {
                 listener: self.name.clone(),

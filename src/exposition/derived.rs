@@ -65,7 +65,7 @@ fn probe_ceiling(s: &Snapshot) -> Option<f64> {
 /// The commit ceilings of a volume that the ceiling in force is the lowest
 /// of, as (basis, commits per second): probe_mean, then postgres (one per
 /// cluster whose WAL is on the volume), then cap; absent bases left out.
-pub fn commit_bases(
+pub(crate) fn commit_bases(
     v: &VolumeState,
     s: &Snapshot,
     clusters: &[ClusterSnapshot],
@@ -90,14 +90,14 @@ pub fn commit_bases(
 
 /// The ceiling in force among [`commit_bases`]: the lowest, with the basis
 /// that sets it (the first listed on a tie).
-pub fn ceiling_in_force(bases: &[(&'static str, f64)]) -> Option<(&'static str, f64)> {
+pub(crate) fn ceiling_in_force(bases: &[(&'static str, f64)]) -> Option<(&'static str, f64)> {
     bases
         .iter()
         .copied()
         .reduce(|a, b| if b.1 < a.1 { b } else { a })
 }
 
-pub fn encode(
+pub(crate) fn encode(
     enc: Enc<'_, '_>,
     snaps: &[(Arc<VolumeState>, Snapshot)],
     clusters: &[ClusterSnapshot],

@@ -84,7 +84,7 @@ fn vol(v: &VolumeStats) -> [(&'static str, &str); 1] {
     [("volume", v.volume.as_str())]
 }
 
-pub fn encode(enc: Enc<'_, '_>, s: Option<&EbsSnapshot>) -> std::fmt::Result {
+pub(crate) fn encode(enc: Enc<'_, '_>, s: Option<&EbsSnapshot>) -> std::fmt::Result {
     let Some(s) = s else { return Ok(()) };
     gauge(
         enc,

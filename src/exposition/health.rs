@@ -15,7 +15,7 @@ type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 /// Each collector of the snapshot: (collector, its latest run succeeded,
 /// how long that run took if known), as `pgstorage_collector_success` and
 /// `pgstorage_collector_duration_seconds` show them.
-pub fn rows(s: &ScrapeSnapshot) -> Vec<(String, bool, Option<f64>)> {
+pub(crate) fn rows(s: &ScrapeSnapshot) -> Vec<(String, bool, Option<f64>)> {
     let mut rows: Vec<(String, bool, Option<f64>)> = Vec::new();
     for (v, snap) in &s.volumes {
         let (ok, seconds) = v.counts.last_run();
@@ -37,7 +37,7 @@ pub fn rows(s: &ScrapeSnapshot) -> Vec<(String, bool, Option<f64>)> {
     rows
 }
 
-pub fn encode(enc: Enc<'_, '_>, s: &ScrapeSnapshot) -> std::fmt::Result {
+pub(crate) fn encode(enc: Enc<'_, '_>, s: &ScrapeSnapshot) -> std::fmt::Result {
     let rows = rows(s);
     gauge(
         enc,

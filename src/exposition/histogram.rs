@@ -26,8 +26,8 @@ use crate::model::buckets::probe_buckets;
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Op, Phase};
 
-pub const NAME: &str = "pgstorage_probe_seconds";
-pub const HELP: &str = "Latency of probe operations in seconds, measured by the exporter's own \
+pub(crate) const NAME: &str = "pgstorage_probe_seconds";
+pub(crate) const HELP: &str = "Latency of probe operations in seconds, measured by the exporter's own \
     probe threads. op=write: 8 KiB write into the preallocated WAL probe file; op=sync: the \
     fdatasync/fsync after it; op=commit: write+sync, what one commit waits for; op=read: 8 KiB \
     O_DIRECT random read at queue depth 1. phase=busy: the recorded part of a burst of \
@@ -106,7 +106,7 @@ fn rendered(format: Format) -> &'static Rendered {
 }
 
 /// Appends the family for every volume's histograms.
-pub fn encode(
+pub(crate) fn encode(
     out: &mut String,
     format: Format,
     volumes: &[(Arc<VolumeState>, Snapshot)],

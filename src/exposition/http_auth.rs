@@ -27,7 +27,7 @@ struct ReasonLabels {
 
 /// Why a request with credentials got no bcrypt check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Skipped {
+pub(crate) enum Skipped {
     /// Its client address already had its share of checks waiting: 429.
     AddressBusy,
     /// The wait queue was full of checks that rank before it: 503.
@@ -38,13 +38,13 @@ pub enum Skipped {
 }
 
 impl Skipped {
-    pub const ALL: [Skipped; 3] = [
+    pub(crate) const ALL: [Skipped; 3] = [
         Skipped::AddressBusy,
         Skipped::QueueFull,
         Skipped::ClientGone,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Skipped::AddressBusy => "address_busy",
             Skipped::QueueFull => "queue_full",
@@ -55,14 +55,14 @@ impl Skipped {
 
 /// Cheap to clone: all handles share the same series.
 #[derive(Debug, Clone)]
-pub struct AuthMetrics {
+pub(crate) struct AuthMetrics {
     checks: Family<ResultLabels, Counter>,
     skipped: Family<ReasonLabels, Counter>,
     in_flight: Family<StateLabels, Gauge>,
 }
 
 impl AuthMetrics {
-    pub fn register(registry: &mut Registry) -> AuthMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> AuthMetrics {
         let m = AuthMetrics {
             checks: Family::default(),
             skipped: Family::default(),
@@ -94,7 +94,7 @@ impl AuthMetrics {
 
     /// Creates every series at 0, so `increase()` sees the first one.
     /// Called when basic auth can be in force (a web configuration file).
-    pub fn init(&self) {
+    pub(crate) fn init(&self) {
         for result in ["success", "failure"] {
             self.checks.get_or_create(&ResultLabels { result }).get();
         }
@@ -106,7 +106,7 @@ impl AuthMetrics {
         self.in_flight(0, 0);
     }
 
-    pub fn in_flight(&self, running: usize, waiting: usize) {
+    pub(crate) fn in_flight(&self, running: usize, waiting: usize) {
         for (state, n) in [("running", running), ("waiting", waiting)] {
             self.in_flight
                 .get_or_create(&StateLabels { state })
@@ -114,12 +114,12 @@ impl AuthMetrics {
         }
     }
 
-    pub fn checked(&self, success: bool) {
+    pub(crate) fn checked(&self, success: bool) {
         let result = if success { "success" } else { "failure" };
         self.checks.get_or_create(&ResultLabels { result }).inc();
     }
 
-    pub fn skipped(&self, why: Skipped) {
+    pub(crate) fn skipped(&self, why: Skipped) {
         self.skipped
             .get_or_create(&ReasonLabels {
                 reason: why.as_str(),

@@ -5,7 +5,7 @@ use crate::limits::LimitsSnapshot;
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 
-pub fn encode(enc: Enc<'_, '_>, s: &LimitsSnapshot) -> std::fmt::Result {
+pub(crate) fn encode(enc: Enc<'_, '_>, s: &LimitsSnapshot) -> std::fmt::Result {
     fn row(r: &crate::limits::LimitRow) -> [(&'static str, &str); 3] {
         [
             ("volume", r.volume.as_str()),

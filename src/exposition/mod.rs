@@ -15,19 +15,19 @@
 //! samples). The last two take their HELP/TYPE lines from
 //! prometheus-client and are held to its text by unit tests.
 
-pub mod audit;
-pub mod config;
-pub mod connections;
-pub mod derived;
-pub mod ebs;
-pub mod health;
-pub mod histogram;
-pub mod http_auth;
-pub mod limits;
-pub mod probe;
-pub mod process;
-pub mod render;
-pub mod summary;
+pub(crate) mod audit;
+pub(crate) mod config;
+pub(crate) mod connections;
+pub(crate) mod derived;
+pub(crate) mod ebs;
+pub(crate) mod health;
+pub(crate) mod histogram;
+pub(crate) mod http_auth;
+pub(crate) mod limits;
+pub(crate) mod probe;
+pub(crate) mod process;
+pub(crate) mod render;
+pub(crate) mod summary;
 
 use std::sync::Arc;
 
@@ -35,19 +35,17 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-pub use crate::families::Format;
+pub(crate) use crate::families::Format;
 use crate::limits::{LimitsSnapshot, LimitsState};
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Collectors, Op};
 
-pub const PREFIX: &str = "pgstorage";
-
 /// Everything the exporter exposes. The daemon owns the volume set, the
 /// cluster set and the limits state; this only reads them.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     volumes: Arc<VolumeSet>,
     clusters: Arc<ClusterSet>,
@@ -65,15 +63,15 @@ pub struct Metrics {
 
 /// One scrape's state, taken once.
 #[derive(Debug)]
-pub struct ScrapeSnapshot {
-    pub volumes: Vec<(Arc<VolumeState>, Snapshot)>,
-    pub clusters: Vec<ClusterSnapshot>,
-    pub limits: LimitsSnapshot,
-    pub audit: crate::audit::AuditSnapshot,
+pub(crate) struct ScrapeSnapshot {
+    pub(crate) volumes: Vec<(Arc<VolumeState>, Snapshot)>,
+    pub(crate) clusters: Vec<ClusterSnapshot>,
+    pub(crate) limits: LimitsSnapshot,
+    pub(crate) audit: crate::audit::AuditSnapshot,
 }
 
 impl Metrics {
-    pub fn new(
+    pub(crate) fn new(
         volumes: Arc<VolumeSet>,
         clusters: Arc<ClusterSet>,
         limits: Arc<LimitsState>,
@@ -100,28 +98,28 @@ impl Metrics {
     }
 
     /// The audit's results, which the daemon's audit task writes.
-    pub fn audit(&self) -> Arc<crate::audit::AuditState> {
+    pub(crate) fn audit(&self) -> Arc<crate::audit::AuditState> {
         self.audit.clone()
     }
 
-    pub fn config(&self) -> config::ConfigMetrics {
+    pub(crate) fn config(&self) -> config::ConfigMetrics {
         self.config.clone()
     }
 
     /// Registers the password-check families, which `http::auth` updates.
     /// Called only with a web configuration file: an exporter that can
     /// have no basic auth serves none of them.
-    pub fn register_auth(&mut self) -> http_auth::AuthMetrics {
+    pub(crate) fn register_auth(&mut self) -> http_auth::AuthMetrics {
         http_auth::AuthMetrics::register(&mut self.registry)
     }
 
     /// The HTTP listeners' connection series, which the HTTP server writes.
-    pub fn connections(&self) -> connections::ConnectionMetrics {
+    pub(crate) fn connections(&self) -> connections::ConnectionMetrics {
         self.connections.clone()
     }
 
     /// Takes the one snapshot a scrape encodes.
-    pub fn snapshot(&self) -> ScrapeSnapshot {
+    pub(crate) fn snapshot(&self) -> ScrapeSnapshot {
         let now = std::time::Instant::now();
         let volumes: Vec<_> = self
             .volumes
@@ -163,19 +161,16 @@ impl Metrics {
         }
     }
 
-    /// Encodes the current state.
-    pub fn encode(&self, format: Format) -> Result<String, std::fmt::Error> {
-        let mut out = String::new();
-        self.encode_into(&mut out, format)?;
-        Ok(out)
-    }
-
     /// Encodes the current state into `out`, which is cleared first. A
     /// caller that hands back the previous body's buffer (see
     /// `http::Renders`) spares each render the allocation of a ~200 KB
     /// buffer and the free of the previous one: that free ran glibc's
     /// `malloc_consolidate`, about 2% of a scrape's CPU.
-    pub fn encode_into(&self, out: &mut String, format: Format) -> Result<(), std::fmt::Error> {
+    pub(crate) fn encode_into(
+        &self,
+        out: &mut String,
+        format: Format,
+    ) -> Result<(), std::fmt::Error> {
         let began = std::time::Instant::now();
         out.clear();
         let snap = Arc::new(self.snapshot());
@@ -229,7 +224,7 @@ impl Collector for Scrape {
 /// every sync method) and `read` always; `write` and `sync`, the two halves
 /// of a commit, with `--collector.probes.split`: on a WAL volume they would
 /// otherwise triple the commit probe's series.
-pub fn exposed_ops(collectors: Collectors) -> &'static [Op] {
+pub(crate) fn exposed_ops(collectors: Collectors) -> &'static [Op] {
     if collectors.on(crate::types::Collector::ProbesSplit) {
         &Op::ALL
     } else {

@@ -9,7 +9,10 @@ use crate::probe::state::{Snapshot, VolumeState};
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 
-pub fn encode(enc: Enc<'_, '_>, volumes: &[(Arc<VolumeState>, Snapshot)]) -> std::fmt::Result {
+pub(crate) fn encode(
+    enc: Enc<'_, '_>,
+    volumes: &[(Arc<VolumeState>, Snapshot)],
+) -> std::fmt::Result {
     let errors: Vec<_> = volumes
         .iter()
         .flat_map(|(v, _)| {

@@ -11,7 +11,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use crate::families::{counter, gauge};
 
 #[derive(Debug)]
-pub struct ProcessCollector {
+pub(crate) struct ProcessCollector {
     ticks: f64,
     page: f64,
     boot: Option<u64>,
@@ -22,7 +22,7 @@ pub struct ProcessCollector {
 }
 
 impl ProcessCollector {
-    pub fn new() -> ProcessCollector {
+    pub(crate) fn new() -> ProcessCollector {
         ProcessCollector {
             ticks: procfs::ticks_per_second() as f64,
             page: procfs::page_size() as f64,

@@ -15,18 +15,18 @@ use prometheus_client::registry::Registry;
 /// render and a "p99 under 2 ms" question live (a 0.5-1 ms bucket alone
 /// read a 0.64 ms median as 0.75 ms), and a few coarse ones above for a
 /// host that is starved of CPU.
-pub const BUCKETS: [f64; 12] = [
+pub(crate) const BUCKETS: [f64; 12] = [
     0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.1, 0.25,
 ];
 
 /// Cheap to clone: all handles share the one histogram.
 #[derive(Debug, Clone)]
-pub struct RenderMetrics {
+pub(crate) struct RenderMetrics {
     seconds: Histogram,
 }
 
 impl RenderMetrics {
-    pub fn register(registry: &mut Registry) -> RenderMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> RenderMetrics {
         let m = RenderMetrics {
             seconds: Histogram::new(BUCKETS),
         };
@@ -39,7 +39,7 @@ impl RenderMetrics {
         m
     }
 
-    pub fn observe(&self, took: Duration) {
+    pub(crate) fn observe(&self, took: Duration) {
         self.seconds.observe(took.as_secs_f64());
     }
 }

@@ -14,7 +14,7 @@ use crate::types::{Op, Phase, series};
 const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
 /// Escapes a label value (backslash, double quote, newline).
-pub fn escape(v: &str) -> String {
+pub(crate) fn escape(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     crate::families::push_escaped(&mut out, v);
     out
@@ -36,7 +36,7 @@ fn summary_header(out: &mut String, name: &str, help: &str) {
 }
 
 /// Appends `pgstorage_probe_window_seconds` for every volume.
-pub fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)], ops: &[Op]) {
+pub(crate) fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)], ops: &[Op]) {
     summary_header(
         out,
         "pgstorage_probe_window_seconds",

@@ -86,7 +86,7 @@ use base64::Engine as _;
 use ring::hmac;
 use zeroize::Zeroizing;
 
-pub use self::gate::{ClientKey, Gate};
+pub(crate) use self::gate::{ClientKey, Gate};
 use crate::exposition::http_auth::Skipped;
 use crate::http::ClientAddr;
 
@@ -101,20 +101,19 @@ const CACHE_CAP: usize = 1024;
 /// first scrape still fits Prometheus's default 10 s scrape timeout on a
 /// vCPU three times slower or busier, with room to wait for another check;
 /// at 15 it would not. A higher cost is a mistake to refuse, not a choice.
-pub const MAX_COST: u32 = 14;
+pub(crate) const MAX_COST: u32 = 14;
 
 /// exporter-toolkit's default (Go's `bcrypt.DefaultCost`), and what
 /// `htpasswd -nBC 10` makes: a higher cost is accepted with a warning.
-pub const USUAL_COST: u32 = 10;
+pub(crate) const USUAL_COST: u32 = 10;
 
-pub struct BasicAuth {
+pub(crate) struct BasicAuth {
     /// User name to bcrypt hash.
     users: BTreeMap<String, Arc<str>>,
     /// Hash that unknown users are checked against, so that the response
     /// time does not tell which user names exist. A configured hash of the
     /// cost most users have (module doc).
     decoy: Arc<str>,
-    decoy_cost: u32,
     cache_key: hmac::Key,
     cache: Mutex<HashSet<[u8; 32]>>,
 }
@@ -129,7 +128,7 @@ impl fmt::Debug for BasicAuth {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum AuthSetupError {
+pub(crate) enum AuthSetupError {
     #[error("no users")]
     NoUsers,
     #[error("cannot draw a random key for the verification cache")]
@@ -138,7 +137,7 @@ pub enum AuthSetupError {
 
 /// The outcome of [`BasicAuth::check`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Pass,
     Fail,
     /// Not checked: the wait queue refused it.
@@ -147,14 +146,14 @@ pub enum Verdict {
 
 /// The cost of a bcrypt hash; 0 if it is not one (the web configuration
 /// has refused those before they get here).
-pub fn cost(hash: &str) -> u32 {
+pub(crate) fn cost(hash: &str) -> u32 {
     hash.parse::<bcrypt::HashParts>()
         .map(|p| p.get_cost())
         .unwrap_or(0)
 }
 
 /// The cost most of `costs` have, the higher on a tie.
-pub fn usual_cost(costs: impl IntoIterator<Item = u32>) -> Option<u32> {
+pub(crate) fn usual_cost(costs: impl IntoIterator<Item = u32>) -> Option<u32> {
     let mut count: BTreeMap<u32, usize> = BTreeMap::new();
     for c in costs {
         *count.entry(c).or_default() += 1;
@@ -177,7 +176,7 @@ impl Drop for Wanted {
 
 impl BasicAuth {
     /// `users` maps user names to bcrypt hashes already checked for format.
-    pub fn new(users: BTreeMap<String, String>) -> Result<BasicAuth, AuthSetupError> {
+    pub(crate) fn new(users: BTreeMap<String, String>) -> Result<BasicAuth, AuthSetupError> {
         let users: BTreeMap<String, Arc<str>> =
             users.into_iter().map(|(u, h)| (u, Arc::from(h))).collect();
         let decoy_cost =
@@ -192,25 +191,19 @@ impl BasicAuth {
         Ok(BasicAuth {
             users,
             decoy,
-            decoy_cost,
             cache_key,
             cache: Mutex::new(HashSet::new()),
         })
     }
 
-    pub fn users(&self) -> usize {
+    pub(crate) fn users(&self) -> usize {
         self.users.len()
-    }
-
-    /// The cost of the stand-in hash for unknown users.
-    pub fn stand_in_cost(&self) -> u32 {
-        self.decoy_cost
     }
 
     /// Whether an `Authorization` header carries a valid user and
     /// password. An uncached check waits in `gate` for a slot, counted
     /// against `client`.
-    pub async fn check(
+    pub(crate) async fn check(
         &self,
         gate: &Arc<Gate>,
         client: ClientKey,
@@ -314,18 +307,18 @@ fn parse_basic(v: &HeaderValue) -> Option<(String, Zeroizing<Vec<u8>>)> {
 /// The users in force, swapped by a reload of the web configuration; None
 /// lets every request through (a web configuration without
 /// `basic_auth_users`).
-pub type AuthSlot = Arc<std::sync::RwLock<Option<Arc<BasicAuth>>>>;
+pub(crate) type AuthSlot = Arc<std::sync::RwLock<Option<Arc<BasicAuth>>>>;
 
 /// What the middleware needs: the users in force and the one wait queue.
 #[derive(Debug, Clone)]
-pub struct Guard {
-    pub users: AuthSlot,
-    pub gate: Arc<Gate>,
+pub(crate) struct Guard {
+    pub(crate) users: AuthSlot,
+    pub(crate) gate: Arc<Gate>,
 }
 
 /// Middleware: lets the request through only with valid credentials, when
 /// the web configuration in force has users.
-pub async fn require(State(guard): State<Guard>, req: Request, next: Next) -> Response {
+pub(crate) async fn require(State(guard): State<Guard>, req: Request, next: Next) -> Response {
     let current = guard.users.read().ok().and_then(|a| a.clone());
     let Some(auth) = current else {
         return next.run(req).await;
@@ -459,7 +452,6 @@ mod tests {
             (&[12, 10], 12),
         ] {
             let a = BasicAuth::new(users(costs)).unwrap();
-            assert_eq!(a.stand_in_cost(), want, "{costs:?}");
             assert_eq!(cost(&a.decoy), want, "{costs:?}");
         }
         assert_eq!(usual_cost([]), None);

@@ -33,20 +33,20 @@ const NONE: u64 = u64::MAX;
 
 /// The per-connection deadlines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     /// From accept to the first request's complete head (the TLS handshake
     /// included), and from the first byte of each later request to its
     /// complete head.
-    pub header: Duration,
+    pub(crate) header: Duration,
     /// Between the end of a response and the first byte of the next
     /// request on the same connection.
-    pub idle: Duration,
+    pub(crate) idle: Duration,
 }
 
 /// Why the exporter closed a connection before the client did: the
 /// `reason` label of `pgstorage_http_connections_closed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Closed {
+pub(crate) enum Closed {
     /// Closed at the cap to make room for a newcomer.
     Evicted = 1,
     /// The newcomer itself, closed at once: at the cap, every connection
@@ -59,14 +59,14 @@ pub enum Closed {
 }
 
 impl Closed {
-    pub const ALL: [Closed; 4] = [
+    pub(crate) const ALL: [Closed; 4] = [
         Closed::Evicted,
         Closed::Refused,
         Closed::HeaderTimeout,
         Closed::IdleTimeout,
     ];
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Closed::Evicted => "evicted",
             Closed::Refused => "refused",
@@ -84,7 +84,7 @@ impl Closed {
 /// its bytes and requests, and the table. Times are milliseconds on the
 /// table's clock.
 #[derive(Debug)]
-pub struct Conn {
+pub(crate) struct Conn {
     /// Accept order: the table's key.
     id: u64,
     accepted: u64,
@@ -101,14 +101,14 @@ pub struct Conn {
     /// connection's task to close it.
     closing: AtomicU8,
     /// Wakes the connection's task when `closing` is set.
-    pub wake: Notify,
+    pub(crate) wake: Notify,
 }
 
 impl Conn {
     /// Bytes of a request have arrived. Only news after an idle wait: the
     /// first byte starts the header time (a new connection's runs from the
     /// accept).
-    pub fn bytes_arrived(&self, now: u64) {
+    pub(crate) fn bytes_arrived(&self, now: u64) {
         if self.busy.load(Ordering::Acquire) == 0 {
             let _ =
                 self.head_since
@@ -117,25 +117,25 @@ impl Conn {
     }
 
     /// A request's handler was called.
-    pub fn request_started(&self) {
+    pub(crate) fn request_started(&self) {
         self.busy.fetch_add(1, Ordering::AcqRel);
     }
 
     /// A response's body was sent or dropped: the connection waits for
     /// its next request from `now`.
-    pub fn request_done(&self, now: u64) {
+    pub(crate) fn request_done(&self, now: u64) {
         if self.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.head_since.store(NONE, Ordering::Release);
             self.waiting_since.store(now, Ordering::Release);
         }
     }
 
-    pub fn busy(&self) -> bool {
+    pub(crate) fn busy(&self) -> bool {
         self.busy.load(Ordering::Acquire) > 0
     }
 
     /// Why the table told the task to close the connection, once it has.
-    pub fn closing(&self) -> Option<Closed> {
+    pub(crate) fn closing(&self) -> Option<Closed> {
         Closed::from_code(self.closing.load(Ordering::Acquire))
     }
 
@@ -175,7 +175,7 @@ impl Conn {
 
 /// What the accept loop does with a newcomer.
 #[derive(Debug)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// Serve it; `evicted` says whether another connection was closed to
     /// make room.
     Admitted { conn: Arc<Conn>, evicted: bool },
@@ -185,7 +185,7 @@ pub enum Admission {
 
 /// The open connections of one listener.
 #[derive(Debug)]
-pub struct Table {
+pub(crate) struct Table {
     max: usize,
     timeouts: Timeouts,
     inner: Mutex<Inner>,
@@ -207,7 +207,7 @@ struct Inner {
 }
 
 impl Table {
-    pub fn new(max: usize, timeouts: Timeouts) -> Table {
+    pub(crate) fn new(max: usize, timeouts: Timeouts) -> Table {
         Table {
             max: max.max(1),
             timeouts,
@@ -217,19 +217,19 @@ impl Table {
         }
     }
 
-    pub fn max(&self) -> usize {
+    pub(crate) fn max(&self) -> usize {
         self.max
     }
 
     /// Connections open (those told to close whose task has not ended
     /// included: each still holds its descriptor).
-    pub fn open(&self) -> usize {
+    pub(crate) fn open(&self) -> usize {
         self.lock().open.len()
     }
 
     /// Connections with a request in progress.
     #[cfg(test)]
-    pub fn busy(&self) -> usize {
+    pub(crate) fn busy(&self) -> usize {
         self.lock().open.values().filter(|c| c.busy()).count()
     }
 
@@ -240,7 +240,7 @@ impl Table {
     }
 
     /// A connection accepted at `now`.
-    pub fn admit(&self, now: u64) -> Admission {
+    pub(crate) fn admit(&self, now: u64) -> Admission {
         let mut inner = self.lock();
         let mut evicted = false;
         if inner.open.len() - inner.closing >= self.max {
@@ -292,7 +292,7 @@ impl Table {
     }
 
     /// Tells every connection whose deadline has passed at `now` to close.
-    pub fn sweep(&self, now: u64) {
+    pub(crate) fn sweep(&self, now: u64) {
         let mut inner = self.lock();
         let mut told = 0;
         for c in inner.open.values() {
@@ -307,7 +307,7 @@ impl Table {
     }
 
     /// The connection's task has ended and its descriptor is closed.
-    pub fn remove(&self, conn: &Conn) {
+    pub(crate) fn remove(&self, conn: &Conn) {
         let mut inner = self.lock();
         if inner.open.remove(&conn.id).is_some() && conn.closing().is_some() {
             inner.closing -= 1;
@@ -323,7 +323,7 @@ impl Table {
     /// task, which a busy runtime may run only later: without this wait, a
     /// flood of newcomers, each evicting one, would run ahead of the
     /// closes and take the descriptors the cap is meant to save.
-    pub async fn room(&self) {
+    pub(crate) async fn room(&self) {
         loop {
             let removed = self.removed.notified();
             if self.open() < self.max + CLOSING_MAX {
@@ -334,7 +334,7 @@ impl Table {
     }
 
     /// Waits until every connection has ended.
-    pub async fn emptied(&self) {
+    pub(crate) async fn emptied(&self) {
         loop {
             let wait = self.emptied.notified();
             if self.open() == 0 {
@@ -355,7 +355,7 @@ fn millis(d: Duration) -> u64 {
 /// files, PostgreSQL sessions, /proc and cgroup reads, the runtime's own)
 /// fewer than [`FD_RESERVE`], or half the limit when that is smaller. At
 /// least 1.
-pub fn fit(wanted: usize, listeners: usize, nofile: u64) -> usize {
+pub(crate) fn fit(wanted: usize, listeners: usize, nofile: u64) -> usize {
     let reserve = FD_RESERVE.min(nofile / 2);
     let budget = usize::try_from(nofile - reserve).unwrap_or(usize::MAX);
     let per_listener = (budget / listeners.max(1)).saturating_sub(CLOSING_MAX);
@@ -365,12 +365,12 @@ pub fn fit(wanted: usize, listeners: usize, nofile: u64) -> usize {
 /// Connections told to close but not yet closed that a listener lets pile
 /// up before it waits for their closes; its descriptors stay within the
 /// cap plus this many.
-pub const CLOSING_MAX: usize = 16;
+pub(crate) const CLOSING_MAX: usize = 16;
 
 /// Descriptors kept for everything but HTTP connections. A volume holds
 /// about five (its directory, lock, WAL and read files, an io_uring), a
 /// cluster one or two sockets; 256 leaves room for dozens of each.
-pub const FD_RESERVE: u64 = 256;
+pub(crate) const FD_RESERVE: u64 = 256;
 
 #[cfg(test)]
 mod tests {

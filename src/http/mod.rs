@@ -6,11 +6,11 @@
 //! this router and listener; without them the endpoint is plain HTTP.
 //! `serve.rs` accepts and serves connections under the rules of `conns.rs`.
 
-pub mod auth;
-pub mod conns;
-pub mod serve;
-pub mod status;
-pub mod tls;
+pub(crate) mod auth;
+pub(crate) mod conns;
+pub(crate) mod serve;
+pub(crate) mod status;
+pub(crate) mod tls;
 pub mod web_config;
 
 use std::net::SocketAddr;
@@ -27,7 +27,6 @@ use tower_http::CompressionLevel;
 use tower_http::compression::CompressionLayer;
 
 use crate::exposition::{Format, Metrics};
-use crate::probe::set::VolumeSet;
 
 /// gzip level for scrape responses: the fastest. On a 282 KB scrape (8
 /// volumes, 3,185 series) zlib's level 1 gives 23 KB in 3.3 ms of CPU,
@@ -35,14 +34,13 @@ use crate::probe::set::VolumeSet;
 /// the wire is not worth four times the CPU, on a host whose probes must
 /// keep theirs, when the render itself takes about 1 ms
 /// (`pgstorage_scrape_render_duration_seconds`).
-pub const COMPRESSION: CompressionLevel = CompressionLevel::Fastest;
+pub(crate) const COMPRESSION: CompressionLevel = CompressionLevel::Fastest;
 
 #[derive(Debug)]
-pub struct AppState {
-    pub metrics: Arc<Metrics>,
-    pub telemetry_path: String,
-    pub volumes: Arc<VolumeSet>,
-    pub renders: Renders,
+pub(crate) struct AppState {
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) telemetry_path: String,
+    pub(crate) renders: Renders,
 }
 
 /// Concurrent scrapes share renders: a scrape is answered with a render
@@ -52,7 +50,7 @@ pub struct AppState {
 /// are, at most one render per format runs at a time, so a scrape storm
 /// costs the host one core at most and the probe threads keep theirs.
 #[derive(Debug, Default)]
-pub struct Renders {
+pub(crate) struct Renders {
     slots: [tokio::sync::Mutex<Option<Rendered>>; 2],
 }
 
@@ -63,7 +61,11 @@ struct Rendered {
 }
 
 impl Renders {
-    pub async fn get(&self, metrics: &Arc<Metrics>, format: Format) -> Result<Bytes, String> {
+    pub(crate) async fn get(
+        &self,
+        metrics: &Arc<Metrics>,
+        format: Format,
+    ) -> Result<Bytes, String> {
         let arrived = Instant::now();
         let idx = match format {
             Format::Prometheus => 0,
@@ -119,7 +121,7 @@ fn reclaim(body: Bytes) -> String {
     }
 }
 
-pub fn router(state: Arc<AppState>) -> Router {
+pub(crate) fn router(state: Arc<AppState>) -> Router {
     let path = state.telemetry_path.clone();
     Router::new()
         // gzip when the scraper asks for it (Prometheus always does), as
@@ -139,14 +141,14 @@ pub fn router(state: Arc<AppState>) -> Router {
 /// exporter-toolkit protects all paths, and so does this. The wait queue of
 /// the password checks ranks clients by address: `serve` puts each
 /// request's `ConnectInfo<ClientAddr>` in place.
-pub fn with_basic_auth(router: Router, guard: auth::Guard) -> Router {
+pub(crate) fn with_basic_auth(router: Router, guard: auth::Guard) -> Router {
     router.layer(axum::middleware::from_fn_with_state(guard, auth::require))
 }
 
 /// The peer address of a connection, as `ConnectInfo`, for every listener
 /// (plain TCP, systemd's sockets, TLS).
 #[derive(Debug, Clone, Copy)]
-pub struct ClientAddr(pub SocketAddr);
+pub(crate) struct ClientAddr(pub(crate) SocketAddr);
 
 async fn metrics(State(s): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let format = Format::negotiate(headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()));

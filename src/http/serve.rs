@@ -50,12 +50,12 @@ use crate::http::conns::{Admission, Closed, Conn, Table};
 
 /// Long enough for a TLS handshake and a request head across a slow WAN,
 /// short enough that connections which never complete one do not pile up.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Twice Prometheus's default scrape interval (1 m): a scraper's keep-alive
 /// connection lasts from one scrape to the next, so each scrape need not
 /// open a TCP connection (and do a TLS handshake) again.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long a stopping listener waits for requests in progress.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -84,7 +84,7 @@ const BACKLOG: u32 = 65_535;
 /// Binds `addr` for [`serve`]: SO_REUSEADDR, as tokio and Go set it (a
 /// restart can bind while the previous run's connections are in
 /// TIME_WAIT), and the longest accept queue the kernel allows.
-pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -97,14 +97,14 @@ pub fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 
 /// What every connection of a listener shares.
 #[derive(Debug)]
-pub struct Server {
-    pub app: Router,
+pub(crate) struct Server {
+    pub(crate) app: Router,
     /// With TLS configured the port speaks only TLS: no plain-HTTP fallback
     /// that a misconfigured scraper could silently use. Watched: a reload
     /// sends a new certificate or settings, used from the next handshake
     /// on (connections already open keep theirs).
-    pub tls: Option<watch::Receiver<Arc<rustls::ServerConfig>>>,
-    pub metrics: ListenerMetrics,
+    pub(crate) tls: Option<watch::Receiver<Arc<rustls::ServerConfig>>>,
+    pub(crate) metrics: ListenerMetrics,
 }
 
 /// Milliseconds since the listener started: the clock of `conns.rs`.
@@ -121,7 +121,7 @@ impl Clock {
 /// true, then waits up to [`SHUTDOWN_GRACE`] for the requests in progress.
 /// Never fails: a failed accept is counted, logged once per incident and
 /// retried after a short pause.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     local: SocketAddr,
     server: Server,
@@ -159,7 +159,7 @@ pub async fn serve(
                 let errno = e.raw_os_error().unwrap_or(0);
                 server
                     .metrics
-                    .accept_failed(crate::probe::errno_name(errno));
+                    .accept_failed(crate::errno::name(crate::errno::Set::Io, errno));
                 match failing.failed((), errno, std::time::Instant::now()) {
                     Report::New => tracing::warn!(
                         listener = %local, error = %e,
@@ -397,7 +397,7 @@ fn http1_builder() -> http1::Builder {
 /// overflows. The first write turns the normal close back on, so no
 /// answer is ever cut short.
 #[derive(Debug)]
-pub struct Watched {
+pub(crate) struct Watched {
     tcp: TcpStream,
     conn: Arc<Conn>,
     clock: Clock,
@@ -428,7 +428,7 @@ impl Watched {
         }
     }
 
-    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+    pub(crate) async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.tcp.peek(buf).await
     }
 

@@ -33,7 +33,7 @@ const BUSY_CAP: f64 = 0.9;
 
 /// `GET /`. Rendering walks every volume and cluster: off the async
 /// workers, as `/metrics` encoding is.
-pub async fn page(State(s): State<Arc<AppState>>) -> Response {
+pub(crate) async fn page(State(s): State<Arc<AppState>>) -> Response {
     let metrics = s.metrics.clone();
     let path = s.telemetry_path.clone();
     let rendered = tokio::task::spawn_blocking(move || {
@@ -58,7 +58,7 @@ pub async fn page(State(s): State<Arc<AppState>>) -> Response {
 }
 
 /// HTML-escapes text for element content and quoted attributes.
-pub fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -82,7 +82,7 @@ h3{margin:.8em 0 .2em;font-size:1em}ul.findings li{margin:.2em 0}";
 
 /// The whole page for one snapshot; `now_unix` dates the page and the ages
 /// of errors.
-pub fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64) -> String {
+pub(crate) fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64) -> String {
     let mut o = String::with_capacity(16 * 1024);
     let path = esc(telemetry_path);
     let _ = write!(

@@ -18,7 +18,7 @@ const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 /// Completes the handshake, or answers a plain-HTTP request with a 400 the
 /// way Go's servers do (so `curl http://` says what is wrong instead of
 /// printing garbage) and returns None.
-pub async fn handshake(
+pub(crate) async fn handshake(
     acceptor: &TlsAcceptor,
     mut tcp: Watched,
 ) -> io::Result<Option<TlsStream<Watched>>> {

@@ -447,14 +447,14 @@ fn parse_users(node: &Node) -> anyhow::Result<BTreeMap<String, String>> {
 
 /// TLS protocol versions rustls speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TlsVersion {
+pub(crate) enum TlsVersion {
     Tls12,
     Tls13,
 }
 
 impl TlsVersion {
     /// The exporter-toolkit spelling, also used in the start-up log line.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             TlsVersion::Tls12 => "TLS12",
             TlsVersion::Tls13 => "TLS13",
@@ -486,10 +486,10 @@ impl TlsVersion {
 /// enforces nothing: plain HTTP, no authentication.
 #[derive(Clone, Default)]
 pub struct WebSecurity {
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub(crate) tls: Option<Arc<rustls::ServerConfig>>,
     /// Lowest TLS version accepted, when `tls` is set.
-    pub tls_min_version: Option<TlsVersion>,
-    pub basic_auth: Option<Arc<BasicAuth>>,
+    pub(crate) tls_min_version: Option<TlsVersion>,
+    pub(crate) basic_auth: Option<Arc<BasicAuth>>,
 }
 
 // By hand so that a `{:?}` of the options can never print a hash or a key.

@@ -35,22 +35,22 @@ use crate::types::Resource;
 /// The sources of caps that bound the device writes of a volume's commits,
 /// as `pgstorage_io_limit`'s `source` label names them, in the order a tie
 /// is settled.
-pub const SOURCES: [&str; 3] = ["cgroup", "provisioned", "detected"];
+pub(crate) const SOURCES: [&str; 3] = ["cgroup", "provisioned", "detected"];
 
 /// One known cap, as `pgstorage_io_limit{volume, source, resource}` shows it.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct WriteCap<'a> {
-    pub source: &'a str,
-    pub resource: Resource,
+pub(crate) struct WriteCap<'a> {
+    pub(crate) source: &'a str,
+    pub(crate) resource: Resource,
     /// In IOs per second.
-    pub value: f64,
+    pub(crate) value: f64,
 }
 
 impl WriteCap<'_> {
     /// Whether the cap bounds the device writes of the volume's commits: a
     /// cap on writes or on all IOs, from a source in [`SOURCES`], with a
     /// usable value.
-    pub fn binds_commits(&self) -> bool {
+    pub(crate) fn binds_commits(&self) -> bool {
         self.resource.counts_writes()
             && SOURCES.contains(&self.source)
             && self.value.is_finite()
@@ -73,7 +73,9 @@ impl WriteCap<'_> {
 /// The cap that binds a volume's commits among `caps`: the lowest of those
 /// that [bind commits](WriteCap::binds_commits), the first in tie order on
 /// equal values. `None` when none does.
-pub fn binding_write_cap<'a>(caps: impl IntoIterator<Item = WriteCap<'a>>) -> Option<WriteCap<'a>> {
+pub(crate) fn binding_write_cap<'a>(
+    caps: impl IntoIterator<Item = WriteCap<'a>>,
+) -> Option<WriteCap<'a>> {
     caps.into_iter()
         .filter(WriteCap::binds_commits)
         .reduce(|a, b| {
@@ -88,7 +90,7 @@ pub fn binding_write_cap<'a>(caps: impl IntoIterator<Item = WriteCap<'a>>) -> Op
 /// Where the device writes per commit of a `cap` ceiling come from, as the
 /// `writes_per_commit` label of `pgstorage_commit_ceiling_cap_info`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WritesPerCommit {
+pub(crate) enum WritesPerCommit {
     /// Counted by the exporter's own cgroup over its commit probes
     /// (`pgstorage_probe_device_writes_per_commit`).
     Measured,
@@ -99,7 +101,7 @@ pub enum WritesPerCommit {
 }
 
 impl WritesPerCommit {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             WritesPerCommit::Measured => "measured",
             WritesPerCommit::Default => "default",
@@ -113,7 +115,7 @@ impl WritesPerCommit {
 /// write + sync costs on those filesystems, and fewer writes per commit
 /// make a higher ceiling: where the default is wrong (btrfs, 7-8) the
 /// ceiling comes out too high, never below what a client gets.
-pub fn writes_per_commit(measured: Option<f64>) -> (f64, WritesPerCommit) {
+pub(crate) fn writes_per_commit(measured: Option<f64>) -> (f64, WritesPerCommit) {
     match measured.filter(|w| w.is_finite() && *w > 0.0) {
         Some(w) => (w, WritesPerCommit::Measured),
         None => (DEFAULT_WRITES_PER_COMMIT, WritesPerCommit::Default),
@@ -122,19 +124,19 @@ pub fn writes_per_commit(measured: Option<f64>) -> (f64, WritesPerCommit) {
 
 /// A volume's `cap` commit ceiling and what it was computed from.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CapBasis<'a> {
+pub(crate) struct CapBasis<'a> {
     /// The binding cap.
-    pub cap: WriteCap<'a>,
-    pub writes_per_commit: f64,
-    pub writes_source: WritesPerCommit,
+    pub(crate) cap: WriteCap<'a>,
+    pub(crate) writes_per_commit: f64,
+    pub(crate) writes_source: WritesPerCommit,
     /// Commits per second: cap ÷ writes per commit, with
     /// [`RATE_HEADROOM`] where the cap is a measured plateau.
-    pub ceiling: f64,
+    pub(crate) ceiling: f64,
 }
 
 /// The `cap` basis from the caps known for a volume and its measured
 /// device writes per commit, if any cap binds its commits.
-pub fn cap_basis<'a>(
+pub(crate) fn cap_basis<'a>(
     caps: impl IntoIterator<Item = WriteCap<'a>>,
     measured_writes_per_commit: Option<f64>,
 ) -> Option<CapBasis<'a>> {
@@ -154,7 +156,7 @@ pub fn cap_basis<'a>(
 /// gets the throttle's opening allowance: on the build machine plateau ÷ 2
 /// read 0.991-1.033 of fio's one-client rate. A cap read from a cgroup file
 /// or the configuration is exact and gets none.
-pub fn headroom(source: &str) -> f64 {
+pub(crate) fn headroom(source: &str) -> f64 {
     if source == "detected" {
         RATE_HEADROOM
     } else {

@@ -9,14 +9,14 @@ use super::error::{Kind, ReadError, read_required};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DiskStats {
-    pub reads: u64,
-    pub writes: u64,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
+    pub(crate) reads: u64,
+    pub(crate) writes: u64,
+    pub(crate) read_bytes: u64,
+    pub(crate) write_bytes: u64,
 }
 
 impl DiskStats {
-    pub fn delta(&self, earlier: &DiskStats) -> DiskStats {
+    pub(crate) fn delta(&self, earlier: &DiskStats) -> DiskStats {
         DiskStats {
             reads: self.reads.saturating_sub(earlier.reads),
             writes: self.writes.saturating_sub(earlier.writes),
@@ -51,7 +51,7 @@ pub fn parse(text: &str) -> Result<BTreeMap<String, DiskStats>, String> {
 
 /// `/proc/diskstats` always exists on Linux: missing, it says `proc_root`
 /// is wrong, and it is an error like any other.
-pub fn read(proc_root: &Path) -> Result<BTreeMap<String, DiskStats>, ReadError> {
+pub(crate) fn read(proc_root: &Path) -> Result<BTreeMap<String, DiskStats>, ReadError> {
     let path = proc_root.join("diskstats");
     let text = read_required(Kind::Diskstats, &path)?;
     parse(&text).map_err(|what| ReadError::parse(Kind::Diskstats, &path, what))

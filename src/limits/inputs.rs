@@ -10,55 +10,55 @@ use crate::types::Resource;
 
 /// A whole block device (IO limits apply to whole disks, not partitions).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DiskInput {
+pub(crate) struct DiskInput {
     /// Kernel name, as /proc/diskstats names it: `vda`, `nvme0n1`, `dm-2`.
-    pub name: String,
+    pub(crate) name: String,
     /// `MAJ:MIN`, as the cgroup files name it.
-    pub majmin: String,
+    pub(crate) majmin: String,
 }
 
 /// One watched volume.
 #[derive(Debug, Clone, PartialEq)]
-pub struct VolumeInput {
-    pub name: String,
+pub(crate) struct VolumeInput {
+    pub(crate) name: String,
     /// The volume's whole disk, or why it is unknown.
-    pub disk: Result<DiskInput, Option<String>>,
+    pub(crate) disk: Result<DiskInput, Option<String>>,
     /// Provisioned limits from the config.
-    pub provisioned: Vec<(Resource, u64)>,
+    pub(crate) provisioned: Vec<(Resource, u64)>,
     /// A configured cgroup path whose limits apply to the volume.
-    pub cgroup: Option<String>,
+    pub(crate) cgroup: Option<String>,
     /// Whether the volume runs the commit probe, and on what schedule: a
     /// lone probe every `interval`, a burst of `burst_commits` every
     /// `busy_every` (zero: none).
-    pub commit_probe: bool,
-    pub interval: Duration,
-    pub busy_every: Duration,
-    pub burst_commits: u32,
+    pub(crate) commit_probe: bool,
+    pub(crate) interval: Duration,
+    pub(crate) busy_every: Duration,
+    pub(crate) burst_commits: u32,
     /// Commit probes done since start.
-    pub commit_probes: u64,
+    pub(crate) commit_probes: u64,
     /// The plateaus of the latest queue-depth sweep, one per resource that
     /// showed one (`read_iops`, `write_iops`, `read_bytes_per_second`,
     /// `write_bytes_per_second`).
-    pub detected: Vec<(Resource, f64)>,
+    pub(crate) detected: Vec<(Resource, f64)>,
     /// The device writes per second a write throttle let the commit
     /// probe's latest burst make, when the burst met one: whole throttle
     /// cycles' commits per second times the writes one costs. It counts
     /// the exporter's own writes, so the probes keep under 2 % of it too.
-    pub throttled_write_iops: Option<f64>,
+    pub(crate) throttled_write_iops: Option<f64>,
 }
 
 /// One watched PostgreSQL cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClusterInput {
-    pub name: String,
+pub(crate) struct ClusterInput {
+    pub(crate) name: String,
     /// As the server reports it; `None` until the collector has read it.
-    pub data_directory: Option<PathBuf>,
+    pub(crate) data_directory: Option<PathBuf>,
     /// (volume, role) of the volumes holding its directories.
-    pub volumes: Vec<(String, String)>,
+    pub(crate) volumes: Vec<(String, String)>,
 }
 
 /// The daemon's side of the limits collector.
-pub trait Inputs: Send + Sync {
+pub(crate) trait Inputs: Send + Sync {
     fn volumes(&self) -> Vec<VolumeInput>;
     fn clusters(&self) -> Vec<ClusterInput>;
     /// Stretches a volume's probe schedule by `factor` (1 = as configured)

@@ -24,12 +24,12 @@
 //! or one shared with other processes, their IO is mixed in and no figure
 //! is published.
 
-pub mod caps;
+pub(crate) mod caps;
 pub mod cgroup;
 pub mod diskstats;
 pub mod ebs;
-pub mod error;
-pub mod inputs;
+pub(crate) mod error;
+pub(crate) mod inputs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -40,70 +40,70 @@ use crate::model::pacing;
 use crate::types::Resource;
 use cgroup::{Counters, Located, ProcCgroups};
 use error::{ErrorLog, Kind, PassErrors, ReadError, read_optional};
-pub use inputs::{ClusterInput, DiskInput, Inputs, VolumeInput};
+pub(crate) use inputs::{ClusterInput, DiskInput, Inputs, VolumeInput};
 
 /// Where and how often IO limits are read.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LimitsSettings {
-    pub interval: std::time::Duration,
+pub(crate) struct LimitsSettings {
+    pub(crate) interval: std::time::Duration,
     /// Where the cgroup hierarchies are mounted.
-    pub cgroup_root: PathBuf,
-    pub proc_root: PathBuf,
-    pub sys_root: PathBuf,
+    pub(crate) cgroup_root: PathBuf,
+    pub(crate) proc_root: PathBuf,
+    pub(crate) sys_root: PathBuf,
 }
 
 /// One limit on one volume.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LimitRow {
-    pub volume: String,
-    pub source: &'static str,
-    pub resource: Resource,
-    pub value: f64,
-    pub utilization: Option<f64>,
+pub(crate) struct LimitRow {
+    pub(crate) volume: String,
+    pub(crate) source: &'static str,
+    pub(crate) resource: Resource,
+    pub(crate) value: f64,
+    pub(crate) utilization: Option<f64>,
 }
 
 /// Whose cgroup a volume's limits were read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupRow {
-    pub volume: String,
+pub(crate) struct CgroupRow {
+    pub(crate) volume: String,
     /// `postgres:<cluster>` or `exporter`.
-    pub scope: String,
-    pub version: &'static str,
-    pub cgroup: String,
-    pub disk: String,
+    pub(crate) scope: String,
+    pub(crate) version: &'static str,
+    pub(crate) cgroup: String,
+    pub(crate) disk: String,
 }
 
 #[derive(Debug, Clone, Default)]
-pub struct LimitsSnapshot {
-    pub rows: Vec<LimitRow>,
-    pub cgroups: Vec<CgroupRow>,
+pub(crate) struct LimitsSnapshot {
+    pub(crate) rows: Vec<LimitRow>,
+    pub(crate) cgroups: Vec<CgroupRow>,
     /// (scope, cgroup, kind, seconds) PSI stall totals.
-    pub pressure: Vec<(String, String, &'static str, f64)>,
+    pub(crate) pressure: Vec<(String, String, &'static str, f64)>,
     /// Device writes per commit probe, per volume (as the throttle counts).
-    pub writes_per_probe: BTreeMap<String, f64>,
+    pub(crate) writes_per_probe: BTreeMap<String, f64>,
     /// Why volumes have no disk, for the log.
-    pub no_disk: BTreeMap<String, String>,
+    pub(crate) no_disk: BTreeMap<String, String>,
     /// The latest pass: how long it took and how many reads failed.
-    pub last_run: Option<LimitsRun>,
+    pub(crate) last_run: Option<LimitsRun>,
     /// Failed reads since start by (file kind, cause): a file that cannot
     /// be read is an error, never "no limit".
-    pub read_errors: BTreeMap<(&'static str, &'static str), u64>,
+    pub(crate) read_errors: BTreeMap<(&'static str, &'static str), u64>,
     /// AWS EBS statistics; `None` with `--no-collector.limits.ebs`.
-    pub ebs: Option<ebs::EbsSnapshot>,
+    pub(crate) ebs: Option<ebs::EbsSnapshot>,
 }
 
 /// How the latest limits pass went.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimitsRun {
-    pub seconds: f64,
-    pub failed_reads: u32,
+pub(crate) struct LimitsRun {
+    pub(crate) seconds: f64,
+    pub(crate) failed_reads: u32,
 }
 
 impl LimitsSnapshot {
     /// Drops what belongs to volumes or clusters no longer watched (a
     /// reload removed them since the last limits pass), so their series
     /// vanish at once instead of at the next pass.
-    pub fn retain_current(&mut self, volumes: &[&str], clusters: &[&str]) {
+    pub(crate) fn retain_current(&mut self, volumes: &[&str], clusters: &[&str]) {
         self.rows.retain(|r| volumes.contains(&r.volume.as_str()));
         self.cgroups
             .retain(|r| volumes.contains(&r.volume.as_str()));
@@ -124,7 +124,7 @@ impl LimitsSnapshot {
     /// device writes (cgroup, provisioned, detected; [`caps`]) over its
     /// measured device writes per commit probe, or the default where none
     /// is measured.
-    pub fn cap_basis(&self, volume: &str) -> Option<caps::CapBasis<'_>> {
+    pub(crate) fn cap_basis(&self, volume: &str) -> Option<caps::CapBasis<'_>> {
         caps::cap_basis(
             self.rows
                 .iter()
@@ -137,26 +137,15 @@ impl LimitsSnapshot {
             self.writes_per_probe.get(volume).copied(),
         )
     }
-
-    /// The write-IOPS cgroup limit of a volume, if any.
-    pub fn write_iops_limit(&self, volume: &str) -> Option<f64> {
-        self.rows
-            .iter()
-            .filter(|r| {
-                r.volume == volume && r.resource == Resource::WriteIops && r.source == "cgroup"
-            })
-            .map(|r| r.value)
-            .reduce(f64::min)
-    }
 }
 
 #[derive(Debug, Default)]
-pub struct LimitsState {
+pub(crate) struct LimitsState {
     snap: Mutex<LimitsSnapshot>,
 }
 
 impl LimitsState {
-    pub fn snapshot(&self) -> LimitsSnapshot {
+    pub(crate) fn snapshot(&self) -> LimitsSnapshot {
         self.snap.lock().map(|s| s.clone()).unwrap_or_default()
     }
 }
@@ -227,7 +216,7 @@ fn postmaster_pid(data_dir: &Path) -> Result<Option<u32>, ReadError> {
 
 /// Runs the limits collector until the process ends. `ebs`: where AWS
 /// EBS statistics pages come from, `None` when that collector is off.
-pub async fn run(
+pub(crate) async fn run(
     cfg: LimitsSettings,
     inputs: Arc<dyn Inputs>,
     state: Arc<LimitsState>,

@@ -108,6 +108,15 @@ fn inputs(h: &Host) -> Fake {
     }
 }
 
+/// The write-IOPS cgroup limit of a volume, if any.
+fn write_iops_limit(s: &LimitsSnapshot, volume: &str) -> Option<f64> {
+    s.rows
+        .iter()
+        .filter(|r| r.volume == volume && r.resource == Resource::WriteIops && r.source == "cgroup")
+        .map(|r| r.value)
+        .reduce(f64::min)
+}
+
 fn run(h: &Host, f: &Fake, prev: &mut Prev) -> LimitsSnapshot {
     pass(&h.cfg, f, None, prev, Instant::now())
 }
@@ -119,7 +128,7 @@ fn a_healthy_host_has_no_failed_reads() {
     let s = run(&h, &inputs(&h), &mut prev);
     assert_eq!(s.last_run.map(|r| r.failed_reads), Some(0));
     assert!(s.read_errors.is_empty());
-    assert_eq!(s.write_iops_limit("c/wal"), Some(100.0));
+    assert_eq!(write_iops_limit(&s, "c/wal"), Some(100.0));
     assert_eq!(s.cgroups[0].scope, "postgres:c");
 }
 
@@ -170,7 +179,7 @@ fn unreadable_files_are_counted_per_pass_and_since_start() {
     assert_eq!(s.last_run.map(|r| r.failed_reads), Some(1));
     assert_eq!(s.read_errors.get(&("cgroup_limits", "parse")), Some(&1));
     assert_eq!(s.read_errors.get(&("postmaster_pid", "parse")), Some(&3));
-    assert_eq!(s.write_iops_limit("c/wal"), None);
+    assert_eq!(write_iops_limit(&s, "c/wal"), None);
     assert!(s.rows.iter().all(|r| r.source != "cgroup"));
 
     // /proc/diskstats as a directory and /proc/self/cgroup missing: a

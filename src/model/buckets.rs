@@ -9,7 +9,7 @@
 //! volume.
 
 /// Upper bounds in seconds, ascending; `+Inf` is implicit.
-pub fn probe_buckets() -> Vec<f64> {
+pub(crate) fn probe_buckets() -> Vec<f64> {
     let mut out = Vec::with_capacity(37);
     for decade in -5..=0i32 {
         for step in 0..6 {

@@ -10,7 +10,7 @@
 /// Upper bound on one client's commits per second for a given commit latency
 /// (WAL write + sync) in seconds. `None` when the latency is not a positive
 /// finite number, so a missing measurement never turns into an infinite ceiling.
-pub fn commit_ceiling(commit_latency_seconds: f64) -> Option<f64> {
+pub(crate) fn commit_ceiling(commit_latency_seconds: f64) -> Option<f64> {
     if commit_latency_seconds.is_finite() && commit_latency_seconds > 0.0 {
         Some(1.0 / commit_latency_seconds)
     } else {
@@ -25,13 +25,13 @@ pub fn commit_ceiling(commit_latency_seconds: f64) -> Option<f64> {
 /// unthrottled bursts moved more than that from minute to minute. A
 /// ceiling is a bound one client stays under; 10 % above the measured rate
 /// keeps it there through such a moment and within 1.35 of the rate.
-pub const RATE_HEADROOM: f64 = 1.10;
+pub(crate) const RATE_HEADROOM: f64 = 1.10;
 
 /// The probe's commit ceiling from the mean time per commit of its busy
 /// commits: a client committing back to back does 1 / E[T] per second (a
 /// median is no rate: under a token bucket most commits pass at device
 /// speed and a few wait a whole slice), raised by [`RATE_HEADROOM`].
-pub fn rate_ceiling(mean_commit_seconds: f64) -> Option<f64> {
+pub(crate) fn rate_ceiling(mean_commit_seconds: f64) -> Option<f64> {
     commit_ceiling(mean_commit_seconds).map(|c| c * RATE_HEADROOM)
 }
 
@@ -43,7 +43,7 @@ pub fn rate_ceiling(mean_commit_seconds: f64) -> Option<f64> {
 /// client's commit time and its inverse an upper bound of the rate. `None`
 /// when the WAL time is not a finite number ≥ 0; a round trip that is not
 /// is left out rather than trusted.
-pub fn commit_floor(wal_seconds: f64, round_trip: Option<f64>) -> Option<f64> {
+pub(crate) fn commit_floor(wal_seconds: f64, round_trip: Option<f64>) -> Option<f64> {
     if !(wal_seconds.is_finite() && wal_seconds >= 0.0) {
         return None;
     }
@@ -57,7 +57,7 @@ pub fn commit_floor(wal_seconds: f64, round_trip: Option<f64>) -> Option<f64> {
 /// counters (syncs, seconds spent syncing): Δseconds / Δsyncs. `None` when
 /// no sync happened in between, or a counter went backwards (statistics
 /// reset or server restart), so no made-up figure reaches a dashboard.
-pub fn mean_sync_seconds(earlier: (f64, f64), later: (f64, f64)) -> Option<f64> {
+pub(crate) fn mean_sync_seconds(earlier: (f64, f64), later: (f64, f64)) -> Option<f64> {
     let syncs = later.0 - earlier.0;
     let secs = later.1 - earlier.1;
     if syncs >= 1.0 && secs >= 0.0 && secs.is_finite() {
@@ -69,23 +69,23 @@ pub fn mean_sync_seconds(earlier: (f64, f64), later: (f64, f64)) -> Option<f64> 
 
 /// What PostgreSQL's WAL counters grew by over one collection interval.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WalInterval {
+pub(crate) struct WalInterval {
     /// WAL syncs (pg_stat_wal up to 17, pg_stat_io object `wal` from 18).
-    pub syncs: f64,
+    pub(crate) syncs: f64,
     /// Seconds spent in those syncs plus the WAL writes before them.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Bytes of WAL generated (pg_stat_wal.wal_bytes).
-    pub bytes: f64,
+    pub(crate) bytes: f64,
     /// Transactions committed (pg_stat_database.xact_commit summed):
     /// counted in the same flush of a backend's statistics as its syncs,
     /// so the two agree over any interval, but read-only transactions
     /// (which never sync) count too.
-    pub commits: f64,
+    pub(crate) commits: f64,
     /// Transaction ids assigned: the transactions that wrote, each of
     /// which flushes its commit record; read-only ones get none. Read at
     /// the moment of the scrape, while the syncs reach the statistics up
     /// to a second late, so over a short interval the two disagree.
-    pub xids: f64,
+    pub(crate) xids: f64,
 }
 
 /// The shortest interval judged on its own; shorter collection intervals
@@ -95,19 +95,19 @@ pub struct WalInterval {
 /// one client's ids per sync ranged from 0.29 to 0.86, and the intervals
 /// that passed were the slow ones (fewer syncs per report), so the basis
 /// read 0.92× the client's rate. Over 5 s the second of skew is a fifth.
-pub const ONE_COMMIT_MIN_SPAN_SECONDS: f64 = 5.0;
+pub(crate) const ONE_COMMIT_MIN_SPAN_SECONDS: f64 = 5.0;
 
 /// The fewest syncs an interval needs to count: enough that one slow or
 /// fast flush does not make its mean. A client under a 100 write-IOPS cap
 /// commits about 50 times a second, 500 times in a default 10 s interval.
-pub const ONE_COMMIT_MIN_SYNCS: f64 = 20.0;
+pub(crate) const ONE_COMMIT_MIN_SYNCS: f64 = 20.0;
 
 /// Commits per sync that still read as one commit per flush. Measured on
 /// PostgreSQL 18 (ext4 loop device, 2 s intervals): one client 1.00 by
 /// pg_stat_database, 0.94–1.06 by transaction ids (single-row INSERTs and
 /// pgbench's TPC-B-like transactions alike); 4 clients 1.3–1.5
 /// (TPC-B-like) and 2.0–2.5 (single-row INSERTs): group commit.
-pub const ONE_COMMIT_PER_SYNC: (f64, f64) = (0.9, 1.1);
+pub(crate) const ONE_COMMIT_PER_SYNC: (f64, f64) = (0.9, 1.1);
 
 /// The fewest transaction ids per sync: at least half the syncs served a
 /// transaction that wrote. A bulk load's WAL reaches pg_stat_wal only when
@@ -118,12 +118,12 @@ pub const ONE_COMMIT_PER_SYNC: (f64, f64) = (0.9, 1.1);
 /// the scrape and the syncs reach the statistics up to a second later:
 /// over an interval of [`ONE_COMMIT_MIN_SPAN_SECONDS`] a second of skew is
 /// a fifth of it.
-pub const ONE_COMMIT_MIN_IDS_PER_SYNC: f64 = 0.5;
+pub(crate) const ONE_COMMIT_MIN_IDS_PER_SYNC: f64 = 0.5;
 
 /// The most WAL per sync of one small commit: one WAL page, the size of the
 /// probe's write. Measured: a single-row INSERT 170 bytes, pgbench's
 /// TPC-B-like transaction 400; `pgbench -i -s 10` 2.25 MB per sync.
-pub const ONE_COMMIT_MAX_BYTES_PER_SYNC: f64 = 8192.0;
+pub(crate) const ONE_COMMIT_MAX_BYTES_PER_SYNC: f64 = 8192.0;
 
 /// Whether an interval's syncs were each one small commit's flush:
 /// - enough syncs to mean something;
@@ -140,7 +140,7 @@ pub const ONE_COMMIT_MAX_BYTES_PER_SYNC: f64 = 8192.0;
 ///   1.04 ids per sync. So read-only traffic beside one writing
 ///   client (the exporter's own, about 40 commits per 10 s, included)
 ///   leaves the basis out once it exceeds a tenth of the writes.
-pub fn one_commit_per_sync(d: &WalInterval) -> bool {
+pub(crate) fn one_commit_per_sync(d: &WalInterval) -> bool {
     let valid = [d.syncs, d.seconds, d.bytes, d.commits, d.xids]
         .iter()
         .all(|v| v.is_finite() && *v >= 0.0);
@@ -165,7 +165,7 @@ pub fn one_commit_per_sync(d: &WalInterval) -> bool {
 /// interval's: that is looser by the spread between intervals, which on a
 /// busy virtual machine went from 1.9 to 3.3 ms within 20 s for one client.
 /// `None` when no interval qualifies.
-pub fn one_client_wal_seconds<'a>(
+pub(crate) fn one_client_wal_seconds<'a>(
     intervals: impl IntoIterator<Item = &'a WalInterval>,
 ) -> Option<f64> {
     let (seconds, syncs) = intervals
@@ -179,7 +179,7 @@ pub fn one_client_wal_seconds<'a>(
 /// cumulative sync seconds counter (earlier, later) `elapsed` seconds
 /// apart. `None` over less than a second, or when the counter went
 /// backwards (statistics reset or server restart).
-pub fn sync_time_share(seconds: (f64, f64), elapsed: f64) -> Option<f64> {
+pub(crate) fn sync_time_share(seconds: (f64, f64), elapsed: f64) -> Option<f64> {
     let spent = seconds.1 - seconds.0;
     if elapsed >= 1.0 && spent >= 0.0 && spent.is_finite() {
         Some(spent / elapsed)
@@ -192,7 +192,7 @@ pub fn sync_time_share(seconds: (f64, f64), elapsed: f64) -> Option<f64> {
 /// `writes_per_commit` device writes, so at most cap / writes commits per
 /// second get through, however fast the device is. On the build machine a 100 IOPS
 /// cap and ≈ 2.3 writes per write+fdatasync gave 44 commits/s.
-pub fn capped_ceiling(write_iops_cap: f64, writes_per_commit: f64) -> Option<f64> {
+pub(crate) fn capped_ceiling(write_iops_cap: f64, writes_per_commit: f64) -> Option<f64> {
     if write_iops_cap > 0.0
         && writes_per_commit > 0.0
         && write_iops_cap.is_finite()
@@ -207,7 +207,7 @@ pub fn capped_ceiling(write_iops_cap: f64, writes_per_commit: f64) -> Option<f64
 /// How much slower PostgreSQL's own syncs were than the probe's: far above
 /// 1 means something slows PostgreSQL that the probe does not feel (its
 /// cgroup cap, contention with checkpoints, a different device).
-pub fn sync_ratio(postgres_mean: f64, probe_mean: f64) -> Option<f64> {
+pub(crate) fn sync_ratio(postgres_mean: f64, probe_mean: f64) -> Option<f64> {
     if postgres_mean.is_finite()
         && probe_mean.is_finite()
         && probe_mean > 0.0

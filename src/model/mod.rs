@@ -5,12 +5,12 @@
 //! published and measured storage figures (docs/storage-facts.md) be
 //! unit-tested as tables.
 
-pub mod buckets;
-pub mod ceiling;
-pub mod pacing;
-pub mod plateau;
-pub mod quantile;
-pub mod verdict;
+pub(crate) mod buckets;
+pub(crate) mod ceiling;
+pub(crate) mod pacing;
+pub(crate) mod plateau;
+pub(crate) mod quantile;
+pub(crate) mod verdict;
 pub mod window;
 
 /// Quantiles exported for every window: the median, the usual tail points and

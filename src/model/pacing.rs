@@ -10,16 +10,16 @@
 use std::time::Duration;
 
 /// Largest share of a write-IOPS cap the probes may take.
-pub const MAX_CAP_SHARE: f64 = 0.02;
+pub(crate) const MAX_CAP_SHARE: f64 = 0.02;
 
 /// Device writes per commit probe assumed before one is measured: ext4 and
 /// XFS write the data block and a journal or log block (two on the build
 /// machine, for fio as for the probe).
-pub const DEFAULT_WRITES_PER_COMMIT: f64 = 2.0;
+pub(crate) const DEFAULT_WRITES_PER_COMMIT: f64 = 2.0;
 
 /// Commit probes per second at a schedule: one lone probe per `interval`
 /// plus `burst` back-to-back probes per `busy_every` (zero: no bursts).
-pub fn commits_per_second(interval: Duration, busy_every: Duration, burst: u32) -> f64 {
+pub(crate) fn commits_per_second(interval: Duration, busy_every: Duration, burst: u32) -> f64 {
     let lone = if interval.is_zero() {
         0.0
     } else {
@@ -36,7 +36,7 @@ pub fn commits_per_second(interval: Duration, busy_every: Duration, burst: u32) 
 /// The factor to stretch a schedule by so that `own_writes_per_second`
 /// becomes at most `MAX_CAP_SHARE` of `cap` write IOPS; 1 when it already
 /// is, or when the inputs say nothing (no cap, no writes).
-pub fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
+pub(crate) fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
     let meaningful = own_writes_per_second.is_finite()
         && own_writes_per_second > 0.0
         && cap.is_finite()
@@ -51,7 +51,7 @@ pub fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
 /// that the sweep's writes (`write_fraction` of `sweep_duration`, each
 /// write depth using whatever write cap there is in full) take at most
 /// [`MAX_CAP_SHARE`] of the time. A sweep without writes is not stretched.
-pub fn sweep_period(
+pub(crate) fn sweep_period(
     sweep_every: Duration,
     sweep_duration: Duration,
     write_fraction: f64,
@@ -64,7 +64,7 @@ pub fn sweep_period(
 
 /// What a burst's next read is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BurstRead {
+pub(crate) enum BurstRead {
     /// Done but not recorded: the path is still waking up.
     WarmUp,
     /// Recorded as the busy figure.
@@ -87,16 +87,16 @@ pub enum BurstRead {
 /// two bursts of 32 reads put the median 1.05-1.15 above the stream's;
 /// two 8 ms spans put it at 0.97-0.99 of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReadBurstPlan {
-    pub warm_up: u32,
-    pub span: Duration,
-    pub min: u32,
-    pub max: u32,
+pub(crate) struct ReadBurstPlan {
+    pub(crate) warm_up: u32,
+    pub(crate) span: Duration,
+    pub(crate) min: u32,
+    pub(crate) max: u32,
 }
 
 impl ReadBurstPlan {
     /// The most reads one burst records.
-    pub fn most_recorded(&self) -> u32 {
+    pub(crate) fn most_recorded(&self) -> u32 {
         self.max.max(self.min)
     }
 }
@@ -104,7 +104,7 @@ impl ReadBurstPlan {
 /// One burst's way through a [`ReadBurstPlan`]: the reads done and
 /// recorded so far, and when the first recorded one started.
 #[derive(Debug, Clone, Copy)]
-pub struct ReadBurst {
+pub(crate) struct ReadBurst {
     plan: ReadBurstPlan,
     done: u32,
     recorded: u32,
@@ -112,7 +112,7 @@ pub struct ReadBurst {
 }
 
 impl ReadBurst {
-    pub fn new(plan: ReadBurstPlan) -> ReadBurst {
+    pub(crate) fn new(plan: ReadBurstPlan) -> ReadBurst {
         ReadBurst {
             plan,
             done: 0,
@@ -123,7 +123,7 @@ impl ReadBurst {
 
     /// What the next read, about to start `elapsed` into the burst, is
     /// for; counted as done (and recorded) unless the burst is over.
-    pub fn next(&mut self, elapsed: Duration) -> BurstRead {
+    pub(crate) fn next(&mut self, elapsed: Duration) -> BurstRead {
         let plan = &self.plan;
         let recording_for = self
             .first_recorded_at
@@ -164,37 +164,37 @@ impl ReadBurst {
 /// waits that end them) is the rate one client gets. So a burst that meets
 /// a wait goes on for [`CommitBurstPlan::span`] after it (many cycles,
 /// whatever their shape), and records the commits after its first wait up
-/// to and including its last one ([`steady_commits`]). A burst without
+/// to and including its last one ([`whole_cycles`]). A burst without
 /// whole cycles records its last `least` / 2 commits (the second half of
 /// one without waits), as the device path has warmed up by then.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CommitBurstPlan {
+pub(crate) struct CommitBurstPlan {
     /// Commits every burst does; the first half warms the path up.
-    pub least: u32,
+    pub(crate) least: u32,
     /// How long a burst that met a wait goes on after it.
-    pub span: Duration,
+    pub(crate) span: Duration,
     /// At most this many commits in one burst.
-    pub most: u32,
+    pub(crate) most: u32,
 }
 
 /// A commit at least this many times the burst's fastest one, and at least
 /// [`WAIT_FLOOR`], waited for a throttle (or for a busy host: either way a
 /// client committing then would have waited too). Throttle waits on the
 /// build machine were 4-105 ms against 0.08-0.3 ms commits.
-pub const WAIT_FACTOR: f64 = 8.0;
+pub(crate) const WAIT_FACTOR: f64 = 8.0;
 /// See [`WAIT_FACTOR`]: below a millisecond a slow commit is the device
 /// path's own jitter, not a throttle's slice.
-pub const WAIT_FLOOR: Duration = Duration::from_millis(1);
+pub(crate) const WAIT_FLOOR: Duration = Duration::from_millis(1);
 
 /// Whether a commit of `seconds` waited for a throttle, given the fastest
 /// commit of its burst so far.
-pub fn is_wait(seconds: f64, fastest: f64) -> bool {
+pub(crate) fn is_wait(seconds: f64, fastest: f64) -> bool {
     seconds >= WAIT_FLOOR.as_secs_f64() && seconds >= WAIT_FACTOR * fastest
 }
 
 /// One burst's way through a [`CommitBurstPlan`].
 #[derive(Debug, Clone, Copy)]
-pub struct CommitBurst {
+pub(crate) struct CommitBurst {
     plan: CommitBurstPlan,
     done: u32,
     /// When the first wait ended, into the burst.
@@ -203,7 +203,7 @@ pub struct CommitBurst {
 }
 
 impl CommitBurst {
-    pub fn new(plan: CommitBurstPlan) -> CommitBurst {
+    pub(crate) fn new(plan: CommitBurstPlan) -> CommitBurst {
         CommitBurst {
             plan,
             done: 0,
@@ -214,7 +214,7 @@ impl CommitBurst {
 
     /// Counts one commit of `seconds` that finished `elapsed` into the
     /// burst.
-    pub fn done(&mut self, seconds: f64, elapsed: Duration) {
+    pub(crate) fn done(&mut self, seconds: f64, elapsed: Duration) {
         // The first commit of a burst comes after a pause and may be slow
         // for reasons of its own: it is never a wait.
         if self.done > 0 && is_wait(seconds, self.fastest) {
@@ -225,14 +225,14 @@ impl CommitBurst {
     }
 
     /// Commits done so far.
-    pub fn count(&self) -> u32 {
+    pub(crate) fn count(&self) -> u32 {
         self.done
     }
 
     /// Whether another commit follows, `elapsed` into the burst: always
     /// up to `least`; past it only in a burst that met a wait, until
     /// `span` after that wait, within `most` commits.
-    pub fn more(&self, elapsed: Duration) -> bool {
+    pub(crate) fn more(&self, elapsed: Duration) -> bool {
         let p = &self.plan;
         if self.done >= p.most {
             return false;
@@ -252,17 +252,7 @@ impl CommitBurst {
 /// A cycle runs from one slice wait to the next; cutting at a tick instead
 /// would count the slice's waits but not all of its fast commits, and read
 /// the rate 5 % low at 100 write IOPS.
-pub const CYCLE_WAIT_SHARE: f64 = 0.5;
-
-/// The commits of a finished burst (latencies in order) that are its busy
-/// figure: from just after the first wait that ends a cycle
-/// ([`CYCLE_WAIT_SHARE`]) up to and including the last one, when there are
-/// two or more (whole throttle cycles, whose mean is the throttled rate);
-/// else its warmed tail ([`warmed_tail`]). The first commit is never a wait (it follows a
-/// pause).
-pub fn steady_commits(latencies: &[f64], least: u32) -> std::ops::Range<usize> {
-    whole_cycles(latencies).unwrap_or_else(|| warmed_tail(latencies.len(), least))
-}
+pub(crate) const CYCLE_WAIT_SHARE: f64 = 0.5;
 
 /// The busy figure of a burst of `n` commits that met no throttle cycles:
 /// its last `least` / 2 commits, the ones before having warmed the device
@@ -270,14 +260,18 @@ pub fn steady_commits(latencies: &[f64], least: u32) -> std::ops::Range<usize> {
 /// past `least` after a single slow commit (a busy host, not a throttle)
 /// records no more than one of `least` does, so it weighs its moment no
 /// more than any other burst and the rates still wait for several.
-pub fn warmed_tail(n: usize, least: u32) -> std::ops::Range<usize> {
+pub(crate) fn warmed_tail(n: usize, least: u32) -> std::ops::Range<usize> {
     let keep = (least as usize / 2).min(n - n / 2);
     n - keep..n
 }
 
-/// The whole throttle cycles of a finished burst, as [`steady_commits`]
-/// takes them; `None` when it has fewer than two slice waits.
-pub fn whole_cycles(latencies: &[f64]) -> Option<std::ops::Range<usize>> {
+/// The whole throttle cycles of a finished burst (latencies in order):
+/// from just after the first wait that ends a cycle ([`CYCLE_WAIT_SHARE`])
+/// up to and including the last one, whose mean is the throttled rate;
+/// `None` when it has fewer than two such waits, and the burst's busy
+/// figure is its [`warmed_tail`]. The first commit is never a wait (it
+/// follows a pause).
+pub(crate) fn whole_cycles(latencies: &[f64]) -> Option<std::ops::Range<usize>> {
     let longest = latencies.iter().skip(1).copied().fold(0.0, f64::max);
     let mut fastest = f64::INFINITY;
     let mut first = None;
@@ -298,6 +292,12 @@ pub fn whole_cycles(latencies: &[f64]) -> Option<std::ops::Range<usize>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The commits of a finished burst that are its busy figure, as the
+    /// probe runner picks them: whole throttle cycles, else the warmed tail.
+    fn steady_commits(latencies: &[f64], least: u32) -> std::ops::Range<usize> {
+        whole_cycles(latencies).unwrap_or_else(|| warmed_tail(latencies.len(), least))
+    }
 
     const S: Duration = Duration::from_secs(1);
 

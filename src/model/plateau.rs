@@ -15,25 +15,25 @@ use serde::Serialize;
 
 /// One depth of a sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct DepthPoint {
-    pub depth: u32,
-    pub iops: f64,
+pub(crate) struct DepthPoint {
+    pub(crate) depth: u32,
+    pub(crate) iops: f64,
     /// Mean latency in seconds.
-    pub mean: f64,
+    pub(crate) mean: f64,
     /// p99 latency in seconds.
-    pub p99: f64,
+    pub(crate) p99: f64,
     /// Whether the depth ended early, on its share of the sweep's write
     /// budget rather than on its time. Such a depth ran for milliseconds on
     /// a device that took everything the sweep was willing to write: inside
     /// any token bucket's burst and any throttle's 100 ms slice, so its rate
     /// is a lower bound on the device, never evidence of a cap.
-    pub cut_short: bool,
+    pub(crate) cut_short: bool,
 }
 
 impl DepthPoint {
     /// depth ÷ mean latency: what Little's law predicts the IOPS to be; a
     /// large gap to the measured IOPS means the queue was not kept full.
-    pub fn littles_law_iops(&self) -> f64 {
+    pub(crate) fn littles_law_iops(&self) -> f64 {
         if self.mean > 0.0 {
             f64::from(self.depth) / self.mean
         } else {
@@ -46,16 +46,16 @@ impl DepthPoint {
 /// flat; so does a fall by less than the same factor. A cap holds its rate
 /// at any deeper queue, so IOPS that fall by more are contention (CPU, a
 /// device's garbage collection), not a cap.
-pub const FLAT_GROWTH: f64 = 1.2;
+pub(crate) const FLAT_GROWTH: f64 = 1.2;
 /// Latency must grow by at least this fraction of the depth ratio for the
 /// flat part to be a queue building up in front of a limit.
-pub const LATENCY_SHARE: f64 = 0.6;
+pub(crate) const LATENCY_SHARE: f64 = 0.6;
 /// Flat steps a plateau needs, all the way to the deepest depth. A cap
 /// binds at every depth beyond the one that first reaches it, so it stays
 /// flat over two ×4 steps (a 16× range of depths); a device running out of
 /// parallelism (or a loop device out of CPU) typically flattens for one
 /// step only, at the deepest depth, and one step can be noise.
-pub const MIN_FLAT_STEPS: usize = 2;
+pub(crate) const MIN_FLAT_STEPS: usize = 2;
 
 /// Whether going from depth point `a` to the deeper `b` adds neither IOPS
 /// nor loses them, while latency grows with the queue.
@@ -77,7 +77,7 @@ fn flat_step(a: &DepthPoint, b: &DepthPoint) -> bool {
 /// depth can look flat (a loop device's page-cache copy tops out at one
 /// CPU's memcpy rate from depth 1), but a cap is a rate held over time,
 /// and those depths held nothing for long enough to show one.
-pub fn detect(points: &[DepthPoint]) -> Option<f64> {
+pub(crate) fn detect(points: &[DepthPoint]) -> Option<f64> {
     let mut sorted: Vec<DepthPoint> = points
         .iter()
         .copied()

@@ -3,7 +3,7 @@
 /// The 1-based nearest-rank position of quantile `q` among `n` samples:
 /// `ceil(q * n)`, clamped so `q = 0` gives the minimum. `None` when there
 /// are no samples or `q` is outside `[0, 1]`.
-pub fn rank(n: usize, q: f64) -> Option<usize> {
+pub(crate) fn rank(n: usize, q: f64) -> Option<usize> {
     if n == 0 || !(0.0..=1.0).contains(&q) {
         return None;
     }
@@ -16,13 +16,13 @@ pub fn rank(n: usize, q: f64) -> Option<usize> {
 /// Nearest-rank always returns a value that was actually measured (no
 /// interpolation between two syncs that both happened), and `q = 1` is the
 /// maximum. Returns `None` for an empty slice or a `q` outside `[0, 1]`.
-pub fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
+pub(crate) fn nearest_rank(sorted: &[f64], q: f64) -> Option<f64> {
     let rank = rank(sorted.len(), q)?;
     sorted.get(rank - 1).copied()
 }
 
 /// Quantiles of an unsorted sample set, one per entry of `qs`.
-pub fn quantiles(samples: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
+pub(crate) fn quantiles(samples: &[f64], qs: &[f64]) -> Option<Vec<f64>> {
     if samples.is_empty() {
         return None;
     }
@@ -45,7 +45,7 @@ const BLOCK_MIN: usize = BLOCK_MAX / 8;
 /// worth of memory (a few KiB) whatever the number of samples, and finding
 /// the k-th smallest walks the block lengths (about `len / 300` of them).
 #[derive(Debug, Clone, Default)]
-pub struct Sorted {
+pub(crate) struct Sorted {
     /// Non-empty, each ascending, every value of a block ≤ every value of
     /// the next.
     blocks: Vec<Vec<f64>>,
@@ -53,24 +53,13 @@ pub struct Sorted {
 }
 
 impl Sorted {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    /// Number of samples held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     /// True when no sample is held.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// Drops every sample.
-    pub fn clear(&mut self) {
-        self.blocks.clear();
-        self.len = 0;
     }
 
     /// Index of the first block whose last value is not below `v`
@@ -81,7 +70,7 @@ impl Sorted {
     }
 
     /// Adds a sample.
-    pub fn insert(&mut self, v: f64) {
+    pub(crate) fn insert(&mut self, v: f64) {
         let i = self.block_of(v).min(self.blocks.len().saturating_sub(1));
         let Some(b) = self.blocks.get_mut(i) else {
             let mut b = Vec::with_capacity(BLOCK_MAX);
@@ -101,7 +90,7 @@ impl Sorted {
 
     /// Removes one sample equal to `v` (in [`f64::total_cmp`]'s sense);
     /// false when there is none.
-    pub fn remove(&mut self, v: f64) -> bool {
+    pub(crate) fn remove(&mut self, v: f64) -> bool {
         let i = self.block_of(v);
         let Some(b) = self.blocks.get_mut(i) else {
             return false;
@@ -130,7 +119,7 @@ impl Sorted {
     }
 
     /// The `k`-th smallest sample, from 0.
-    pub fn nth(&self, mut k: usize) -> Option<f64> {
+    pub(crate) fn nth(&self, mut k: usize) -> Option<f64> {
         for b in &self.blocks {
             match b.get(k) {
                 Some(v) => return Some(*v),
@@ -141,28 +130,35 @@ impl Sorted {
     }
 
     /// Nearest-rank quantile ([`nearest_rank`]) of the samples held.
-    pub fn quantile(&self, q: f64) -> Option<f64> {
+    pub(crate) fn quantile(&self, q: f64) -> Option<f64> {
         self.nth(rank(self.len, q)? - 1)
     }
 
     /// Quantiles of the samples held, one per entry of `qs`: the same as
     /// [`quantiles`] over them.
-    pub fn quantiles(&self, qs: &[f64]) -> Option<Vec<f64>> {
+    pub(crate) fn quantiles(&self, qs: &[f64]) -> Option<Vec<f64>> {
         if self.is_empty() {
             return None;
         }
         qs.iter().map(|&q| self.quantile(q)).collect()
-    }
-
-    /// The samples in ascending order.
-    pub fn iter(&self) -> impl Iterator<Item = f64> + '_ {
-        self.blocks.iter().flatten().copied()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    impl Sorted {
+        /// Number of samples held (the window's tests compare it too).
+        pub(crate) fn len(&self) -> usize {
+            self.len
+        }
+
+        /// The samples in ascending order.
+        fn iter(&self) -> impl Iterator<Item = f64> + '_ {
+            self.blocks.iter().flatten().copied()
+        }
+    }
     use proptest::prelude::*;
 
     #[test]

@@ -12,51 +12,51 @@ use crate::types::{Op, SyncMethod};
 /// flash with power-loss protection that is ~20–100 µs, on anything networked
 /// far more. Faster than this usually means a volatile write-back cache
 /// acknowledged before the data was durable.
-pub const SUSPICIOUS_SYNC_SECONDS: f64 = 50e-6;
+pub(crate) const SUSPICIOUS_SYNC_SECONDS: f64 = 50e-6;
 
 /// p99.9 above this multiple of p50 is a heavy tail: some commits wait an
 /// order of magnitude longer than typical ones.
-pub const HEAVY_TAIL_RATIO: f64 = 10.0;
+pub(crate) const HEAVY_TAIL_RATIO: f64 = 10.0;
 
 /// Filesystems living in memory: sync returns at once and proves nothing.
 const MEMORY_FILESYSTEMS: &[&str] = &["tmpfs", "ramfs", "hugetlbfs", "devtmpfs"];
 
 /// Latency summary of one op, in seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct OpStats {
-    pub count: u64,
-    pub p50: f64,
-    pub p90: f64,
-    pub p99: f64,
-    pub p999: f64,
-    pub max: f64,
-    pub mean: f64,
+pub(crate) struct OpStats {
+    pub(crate) count: u64,
+    pub(crate) p50: f64,
+    pub(crate) p90: f64,
+    pub(crate) p99: f64,
+    pub(crate) p999: f64,
+    pub(crate) max: f64,
+    pub(crate) mean: f64,
 }
 
 /// What a check run measured, as the rules need it.
 #[derive(Debug, Clone)]
-pub struct Observed<'a> {
-    pub fstype: &'a str,
-    pub sync_method: SyncMethod,
-    pub write: Option<OpStats>,
-    pub sync: Option<OpStats>,
-    pub commit: Option<OpStats>,
-    pub read: Option<OpStats>,
-    pub reads_total: u64,
-    pub cache_served_reads: u64,
+pub(crate) struct Observed<'a> {
+    pub(crate) fstype: &'a str,
+    pub(crate) sync_method: SyncMethod,
+    pub(crate) write: Option<OpStats>,
+    pub(crate) sync: Option<OpStats>,
+    pub(crate) commit: Option<OpStats>,
+    pub(crate) read: Option<OpStats>,
+    pub(crate) reads_total: u64,
+    pub(crate) cache_served_reads: u64,
 }
 
 /// One finding, with a stable code for JSON consumers.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Warning {
-    pub code: &'static str,
-    pub message: String,
+pub(crate) struct Warning {
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
 }
 
 /// What the filesystem type alone says about the figures measured on it:
 /// memory, a container's overlay, FUSE. Shared by `check` and the daemon's
 /// start-up warnings.
-pub fn filesystem_warning(fstype: &str) -> Option<Warning> {
+pub(crate) fn filesystem_warning(fstype: &str) -> Option<Warning> {
     if MEMORY_FILESYSTEMS.contains(&fstype) {
         Some(Warning {
             code: "memory_filesystem",
@@ -86,7 +86,7 @@ pub fn filesystem_warning(fstype: &str) -> Option<Warning> {
 
 /// What a running volume's configuration alone says, before any figure:
 /// its filesystem (as for `check`), and a volume that runs neither probe.
-pub fn volume_warnings(fstype: &str, commit_probe: bool, read_probe: bool) -> Vec<Warning> {
+pub(crate) fn volume_warnings(fstype: &str, commit_probe: bool, read_probe: bool) -> Vec<Warning> {
     let mut out: Vec<Warning> = filesystem_warning(fstype).into_iter().collect();
     if !commit_probe && !read_probe {
         out.push(Warning {
@@ -103,7 +103,7 @@ pub fn volume_warnings(fstype: &str, commit_probe: bool, read_probe: bool) -> Ve
 /// `(code, message)` for `track_wal_io_timing` and `track_io_timing` off.
 /// `settings` holds (name, value) pairs as pg_settings gives them; a
 /// setting not read (no permission, older server) says nothing.
-pub fn settings_warnings<'a>(
+pub(crate) fn settings_warnings<'a>(
     settings: impl IntoIterator<Item = (&'a str, &'a str)> + Clone,
 ) -> Vec<Warning> {
     let off = |name: &str| {
@@ -135,7 +135,7 @@ pub fn settings_warnings<'a>(
 }
 
 /// All findings for a run, most serious first.
-pub fn warnings(o: &Observed<'_>) -> Vec<Warning> {
+pub(crate) fn warnings(o: &Observed<'_>) -> Vec<Warning> {
     let mut out = Vec::new();
 
     if let Some(w) = filesystem_warning(o.fstype) {
@@ -217,14 +217,14 @@ pub fn warnings(o: &Observed<'_>) -> Vec<Warning> {
 /// the one `--fail-on` compares with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Level {
+pub(crate) enum Level {
     Ok,
     Warning,
     Critical,
 }
 
 impl Level {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Level::Ok => "ok",
             Level::Warning => "warning",
@@ -243,11 +243,11 @@ impl std::fmt::Display for Level {
 /// `sweep`, or the audit's scope `volume`, `host`, `cluster`), its stable
 /// code and what it says.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Reason {
-    pub level: Level,
-    pub source: &'static str,
-    pub code: String,
-    pub message: String,
+pub(crate) struct Reason {
+    pub(crate) level: Level,
+    pub(crate) source: &'static str,
+    pub(crate) code: String,
+    pub(crate) message: String,
 }
 
 /// A run's one verdict: the level of its most serious finding (`ok` when
@@ -255,15 +255,15 @@ pub struct Reason {
 /// first. Advice (an audit's `info`) is no reason: it never raises a level,
 /// so an `ok` verdict lists nothing.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Verdict {
-    pub level: Level,
-    pub reasons: Vec<Reason>,
+pub(crate) struct Verdict {
+    pub(crate) level: Level,
+    pub(crate) reasons: Vec<Reason>,
 }
 
 /// The verdict of `findings`: those at `ok` are dropped, the rest sorted by
 /// level, most serious first (in their order otherwise), and the level is
 /// the highest of them.
-pub fn judge(findings: impl IntoIterator<Item = Reason>) -> Verdict {
+pub(crate) fn judge(findings: impl IntoIterator<Item = Reason>) -> Verdict {
     let mut reasons: Vec<Reason> = findings
         .into_iter()
         .filter(|r| r.level > Level::Ok)
@@ -275,7 +275,7 @@ pub fn judge(findings: impl IntoIterator<Item = Reason>) -> Verdict {
 }
 
 /// Seconds in the unit a human reads fastest: ns, µs, ms or s, 3 significant digits.
-pub fn fmt_seconds(s: f64) -> String {
+pub(crate) fn fmt_seconds(s: f64) -> String {
     if !s.is_finite() {
         return "-".to_string();
     }

@@ -102,7 +102,7 @@ impl Window {
     }
 
     /// Drops samples older than the span as of `now`.
-    pub fn evict(&mut self, now: Instant) {
+    pub(crate) fn evict(&mut self, now: Instant) {
         let now = self.offset(now);
         while let Some(&(t, _)) = self.samples.front() {
             if self.expired(t, now) {

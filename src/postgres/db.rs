@@ -14,13 +14,13 @@ use tokio_postgres::{Client, Row};
 
 use super::failure::QueryError;
 
-pub type QResult<T> = Result<T, QueryError>;
+pub(crate) type QResult<T> = Result<T, QueryError>;
 
 /// The session's client, with the deadline after which a statement that got
 /// no answer at all (not even the server's cancellation at
 /// statement_timeout) is abandoned.
 #[derive(Clone, Copy)]
-pub struct Db<'a> {
+pub(crate) struct Db<'a> {
     client: &'a Client,
     deadline: Duration,
 }
@@ -34,7 +34,7 @@ impl std::fmt::Debug for Db<'_> {
 }
 
 impl<'a> Db<'a> {
-    pub fn new(client: &'a Client, deadline: Duration) -> Db<'a> {
+    pub(crate) fn new(client: &'a Client, deadline: Duration) -> Db<'a> {
         Db { client, deadline }
     }
 
@@ -48,31 +48,39 @@ impl<'a> Db<'a> {
         }
     }
 
-    pub async fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> QResult<Vec<Row>> {
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> QResult<Vec<Row>> {
         self.within(self.client.query(sql, params)).await
     }
 
-    pub async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> QResult<Row> {
+    pub(crate) async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> QResult<Row> {
         self.within(self.client.query_one(sql, params)).await
     }
 
     /// One statement over the simple query protocol (one message each
     /// way, as psql and pgbench send theirs), its rows dropped.
-    pub async fn simple_query(&self, sql: &str) -> QResult<()> {
+    pub(crate) async fn simple_query(&self, sql: &str) -> QResult<()> {
         self.within(self.client.simple_query(sql)).await.map(drop)
     }
 
-    pub async fn batch_execute(&self, sql: &str) -> QResult<()> {
+    pub(crate) async fn batch_execute(&self, sql: &str) -> QResult<()> {
         self.within(self.client.batch_execute(sql)).await
     }
 }
 
 /// Column `i` of a row whose columns are all cast to float8.
-pub fn float(row: &Row, i: usize) -> Option<f64> {
+pub(crate) fn float(row: &Row, i: usize) -> Option<f64> {
     row.try_get::<_, Option<f64>>(i).ok().flatten()
 }
 
 /// PostgreSQL reports every IO time in milliseconds (double precision).
-pub fn ms_to_seconds(ms: Option<f64>) -> Option<f64> {
+pub(crate) fn ms_to_seconds(ms: Option<f64>) -> Option<f64> {
     ms.map(|x| x / 1000.0)
 }

@@ -14,14 +14,14 @@ use std::path::{Path, PathBuf};
 
 /// What a filesystem holds for a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Role {
+pub(crate) enum Role {
     Data,
     Wal,
     Tablespace(String),
 }
 
 impl Role {
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self {
             Role::Data => "data".to_string(),
             Role::Wal => "wal".to_string(),
@@ -32,25 +32,25 @@ impl Role {
 
 /// One filesystem of a cluster.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Planned {
+pub(crate) struct Planned {
     /// `<cluster>/data`, `<cluster>/wal` or `<cluster>/tblspc/<name>`,
     /// after the most important role it holds.
-    pub name: String,
+    pub(crate) name: String,
     /// The PostgreSQL directory whose filesystem this is (resolved).
-    pub path: PathBuf,
-    pub dev: u64,
-    pub roles: Vec<Role>,
+    pub(crate) path: PathBuf,
+    pub(crate) dev: u64,
+    pub(crate) roles: Vec<Role>,
     /// `None` when no safe probe directory exists (see `skipped`).
-    pub probe_dir: Option<PathBuf>,
-    pub skipped: Option<String>,
+    pub(crate) probe_dir: Option<PathBuf>,
+    pub(crate) skipped: Option<String>,
 }
 
 impl Planned {
-    pub fn commit_probe(&self) -> bool {
+    pub(crate) fn commit_probe(&self) -> bool {
         self.roles.contains(&Role::Wal)
     }
 
-    pub fn read_probe(&self) -> bool {
+    pub(crate) fn read_probe(&self) -> bool {
         self.roles
             .iter()
             .any(|r| matches!(r, Role::Data | Role::Tablespace(_)))
@@ -75,7 +75,7 @@ fn sanitize(s: &str) -> String {
 
 /// Plans the volumes of a cluster from its data directory and tablespaces
 /// (name, location). Errors when the data directory is not on this host.
-pub fn plan(
+pub(crate) fn plan(
     cluster: &str,
     major: u32,
     data_directory: &Path,

@@ -142,7 +142,7 @@ fn syntax(message: String) -> DsnError {
 }
 /// How to secure the connection, libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     Disable,
     Allow,
     Prefer,
@@ -164,7 +164,7 @@ impl SslMode {
         })
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SslMode::Disable => "disable",
             SslMode::Allow => "allow",
@@ -179,24 +179,24 @@ impl SslMode {
 /// A connection target, ready to connect.
 #[derive(Debug, Clone)]
 pub struct Target {
-    pub config: tokio_postgres::Config,
-    pub ssl_mode: SslMode,
-    pub ssl_root_cert: Option<PathBuf>,
+    pub(crate) config: tokio_postgres::Config,
+    pub(crate) ssl_mode: SslMode,
+    pub(crate) ssl_root_cert: Option<PathBuf>,
     /// host, port, user, dbname, sslmode, for logs and errors: built from
     /// the parsed and checked parts only, never from the DSN's text, so
     /// never a password nor a piece of one.
     pub display: String,
     /// Each host as written (a socket directory or a name) with its port,
     /// in the order they are tried.
-    pub hosts: Vec<(String, u16)>,
+    pub(crate) hosts: Vec<(String, u16)>,
     /// The first host's port.
-    pub port: u16,
+    pub(crate) port: u16,
 }
 
 impl Target {
     /// Every host is a Unix-domain socket directory, so no TLS is ever
     /// negotiated (libpq never uses TLS over a socket).
-    pub fn sockets_only(&self) -> bool {
+    pub(crate) fn sockets_only(&self) -> bool {
         self.hosts.iter().all(|(h, _)| h.starts_with('/'))
     }
 }
@@ -694,7 +694,7 @@ fn parse_query(
 }
 
 /// Where the environment comes from (tests pass a map).
-pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+pub(crate) type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
 
 fn os_user() -> Option<String> {
     // The effective user's name, looked up with getpwuid_r (getpwuid's
@@ -705,7 +705,7 @@ fn os_user() -> Option<String> {
 }
 
 /// libpq's host when none is given, or an empty one is.
-pub fn default_host() -> String {
+pub(crate) fn default_host() -> String {
     // Debian's libpq looks for the socket here; upstream's default is /tmp.
     if Path::new("/var/run/postgresql").is_dir() {
         "/var/run/postgresql".to_string()
@@ -959,7 +959,7 @@ fn passfile_shown(path: &Path, from: PassfileFrom) -> String {
 /// `password_file`, whose first line would go to the server whole as a
 /// password; a rotation left half done), and sending the wrong secret
 /// would fail as an authentication error far from its cause.
-pub fn read_password_file(path: &Path) -> Result<String, DsnError> {
+pub(crate) fn read_password_file(path: &Path) -> Result<String, DsnError> {
     let err = |why: String| DsnError::PasswordFile {
         path: path.to_path_buf(),
         shown: format!("password file {}", path.display()),

@@ -18,7 +18,7 @@ use super::tls::{self, ConnectError};
 
 /// The cause label of a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Cause {
+pub(crate) enum Cause {
     Timeout,
     ClientTimeout,
     Permission,
@@ -30,7 +30,7 @@ pub enum Cause {
 }
 
 impl Cause {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Cause::Timeout => "timeout",
             Cause::ClientTimeout => "client_timeout",
@@ -44,7 +44,7 @@ impl Cause {
     }
 
     /// The cause of a SQLSTATE.
-    pub fn of_sqlstate(code: &str) -> Cause {
+    pub(crate) fn of_sqlstate(code: &str) -> Cause {
         match code {
             // query_canceled: statement_timeout (also pg_cancel_backend());
             // lock_not_available: lock_timeout.
@@ -63,7 +63,7 @@ impl Cause {
 
     /// The cause of a driver error: the server's SQLSTATE, or what the
     /// client saw (a closed socket, a TLS alert).
-    pub fn of(e: &tokio_postgres::Error) -> Cause {
+    pub(crate) fn of(e: &tokio_postgres::Error) -> Cause {
         if let Some(db) = e.as_db_error() {
             return Cause::of_sqlstate(db.code().code());
         }
@@ -92,7 +92,7 @@ impl Cause {
 /// A failed query: the server's (or the driver's) error, or no answer
 /// within the client deadline.
 #[derive(Debug)]
-pub enum QueryError {
+pub(crate) enum QueryError {
     Pg(tokio_postgres::Error),
     NoAnswer(Duration),
 }
@@ -104,7 +104,7 @@ impl From<tokio_postgres::Error> for QueryError {
 }
 
 impl QueryError {
-    pub fn cause(&self) -> Cause {
+    pub(crate) fn cause(&self) -> Cause {
         match self {
             QueryError::Pg(e) => Cause::of(e),
             QueryError::NoAnswer(_) => Cause::ClientTimeout,
@@ -115,7 +115,7 @@ impl QueryError {
     /// server did not answer (the reply to the abandoned query could still
     /// arrive and be taken for the next one's, so the connection is
     /// dropped, never reused).
-    pub fn ends_session(&self) -> bool {
+    pub(crate) fn ends_session(&self) -> bool {
         match self {
             // A FATAL (or PANIC) error ends the backend: the server closes
             // the connection right after it (57P01 on a fast shutdown or
@@ -152,14 +152,14 @@ impl std::fmt::Display for QueryError {
 /// A failed connection attempt: refused, not finished in time, or
 /// connected but the session set-up (timeouts, read-only, version) failed.
 #[derive(Debug)]
-pub enum ConnectFailure {
+pub(crate) enum ConnectFailure {
     Failed(ConnectError),
     NoAnswer(Duration),
     SetUp(QueryError),
 }
 
 impl ConnectFailure {
-    pub fn cause(&self) -> Cause {
+    pub(crate) fn cause(&self) -> Cause {
         match self {
             ConnectFailure::Failed(ConnectError::Postgres(e)) => Cause::of(e),
             ConnectFailure::Failed(ConnectError::Tls(_)) => Cause::Tls,
@@ -185,12 +185,13 @@ impl std::fmt::Display for ConnectFailure {
 
 /// Which failures to log: the shared incident policy, keyed by what
 /// failed (`connect` or a query name) with this module's causes.
-pub type Failures = crate::events::Incidents<&'static str, Cause>;
-pub use crate::events::{LOG_REPEAT, Report};
+pub(crate) type Failures = crate::events::Incidents<&'static str, Cause>;
+pub(crate) use crate::events::Report;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::LOG_REPEAT;
     use std::time::Instant;
 
     #[test]

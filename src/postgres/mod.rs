@@ -8,12 +8,12 @@
 //! The session is read-only (`default_transaction_read_only = on`): the
 //! exporter never writes to PostgreSQL.
 
-pub mod db;
-pub mod discovery;
+pub(crate) mod db;
+pub(crate) mod discovery;
 pub mod dsn;
-pub mod failure;
-pub mod tls;
-pub mod views;
+pub(crate) mod failure;
+pub(crate) mod tls;
+pub(crate) mod views;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -37,18 +37,18 @@ use views::wal::WalStats;
 
 /// A cluster to watch, validated.
 #[derive(Clone)]
-pub struct ClusterConfig {
-    pub name: String,
+pub(crate) struct ClusterConfig {
+    pub(crate) name: String,
     /// Secret: may hold a password. Never logged; see [`Target::display`].
-    pub dsn: String,
-    pub password_file: Option<PathBuf>,
-    pub scrape_interval: Duration,
-    pub wait_sampling_interval: Duration,
-    pub statement_timeout: Duration,
-    pub discover_volumes: bool,
+    pub(crate) dsn: String,
+    pub(crate) password_file: Option<PathBuf>,
+    pub(crate) scrape_interval: Duration,
+    pub(crate) wait_sampling_interval: Duration,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) discover_volumes: bool,
     /// Which of the statistics views are read (`postgres`, `postgres.io`,
     /// `postgres.io.zero-rows`, `postgres.waits`).
-    pub collectors: crate::types::Collectors,
+    pub(crate) collectors: crate::types::Collectors,
 }
 
 impl std::fmt::Debug for ClusterConfig {
@@ -68,37 +68,37 @@ impl std::fmt::Debug for ClusterConfig {
 
 /// The latest statistics read from a cluster.
 #[derive(Debug, Clone, Default)]
-pub struct PgStats {
-    pub settings: Vec<Setting>,
-    pub io: Option<Vec<IoRow>>,
-    pub wal: Option<WalStats>,
-    pub transactions: Option<Transactions>,
-    pub checkpoints: Option<Checkpoints>,
+pub(crate) struct PgStats {
+    pub(crate) settings: Vec<Setting>,
+    pub(crate) io: Option<Vec<IoRow>>,
+    pub(crate) wal: Option<WalStats>,
+    pub(crate) transactions: Option<Transactions>,
+    pub(crate) checkpoints: Option<Checkpoints>,
     /// The fastest round trip of `SELECT 1` this scrape, in seconds; `None`
     /// over a network (see `views::round_trip`).
-    pub round_trip: Option<f64>,
+    pub(crate) round_trip: Option<f64>,
 }
 
 /// What the metrics encoder reads about a cluster.
 #[derive(Debug, Clone, Default)]
-pub struct ClusterSnapshot {
-    pub name: String,
-    pub up: bool,
-    pub version: Option<(u32, String)>,
+pub(crate) struct ClusterSnapshot {
+    pub(crate) name: String,
+    pub(crate) up: bool,
+    pub(crate) version: Option<(u32, String)>,
     /// Behind an `Arc`, like `waits`: every scrape takes a snapshot, and
     /// the statistics (settings, pg_stat_io rows) change once per
     /// collection, so a snapshot shares them instead of copying them.
-    pub stats: Option<Arc<PgStats>>,
-    pub scrape_seconds: Option<f64>,
+    pub(crate) stats: Option<Arc<PgStats>>,
+    pub(crate) scrape_seconds: Option<f64>,
     /// Failures by (what failed: `connect` or a query, cause label).
-    pub errors: BTreeMap<(&'static str, &'static str), u64>,
+    pub(crate) errors: BTreeMap<(&'static str, &'static str), u64>,
     /// Changed in place (`Arc::make_mut`): copied only when a scrape
     /// still holds the previous totals.
-    pub waits: Arc<WaitTotals>,
+    pub(crate) waits: Arc<WaitTotals>,
     /// (volume, role) pairs from discovery or matching configured volumes.
-    pub volumes: Vec<(String, String)>,
+    pub(crate) volumes: Vec<(String, String)>,
     /// Mean WAL sync seconds over the window, from PostgreSQL's counters.
-    pub wal_sync_mean: Option<f64>,
+    pub(crate) wal_sync_mean: Option<f64>,
     /// What one client's commit waits on its WAL by PostgreSQL's own
     /// figures (the write of its record into the kernel, then the sync):
     /// the mean WAL write + sync seconds per sync over the collection
@@ -106,20 +106,20 @@ pub struct ClusterSnapshot {
     /// (`model::ceiling::one_client_wal_seconds`), the `postgres` commit
     /// ceiling basis. `None` when no interval qualifies: only group
     /// commit, bulk loads or no writes in the window, or no WAL timing.
-    pub wal_one_commit: Option<f64>,
+    pub(crate) wal_one_commit: Option<f64>,
     /// Seconds PostgreSQL spent in WAL syncs per second of wall time over
     /// the window (the sync seconds counter's rate): 0.5 is half the time.
-    pub wal_sync_share: Option<f64>,
+    pub(crate) wal_sync_share: Option<f64>,
     /// The fastest round trip of `SELECT 1` over the window, in seconds
     /// (`views::round_trip`): added to the WAL time in the `postgres`
     /// commit ceiling basis.
-    pub round_trip: Option<f64>,
+    pub(crate) round_trip: Option<f64>,
     /// The latest failure: (what failed, cause label, unix time).
-    pub last_error: Option<(&'static str, &'static str, f64)>,
+    pub(crate) last_error: Option<(&'static str, &'static str, f64)>,
 }
 
 impl ClusterSnapshot {
-    pub fn setting(&self, name: &str) -> Option<&Setting> {
+    pub(crate) fn setting(&self, name: &str) -> Option<&Setting> {
         self.stats
             .as_ref()?
             .settings
@@ -127,7 +127,7 @@ impl ClusterSnapshot {
             .find(|s| s.name == name)
     }
 
-    pub fn wal_volume(&self) -> Option<&str> {
+    pub(crate) fn wal_volume(&self) -> Option<&str> {
         self.volumes
             .iter()
             .find(|(_, r)| r == "wal")
@@ -136,8 +136,8 @@ impl ClusterSnapshot {
 }
 
 #[derive(Debug)]
-pub struct ClusterState {
-    pub name: String,
+pub(crate) struct ClusterState {
+    pub(crate) name: String,
     window: Duration,
     inner: Mutex<Inner>,
 }
@@ -159,7 +159,7 @@ struct Inner {
 }
 
 impl ClusterState {
-    pub fn new(name: &str, window: Duration) -> Arc<ClusterState> {
+    pub(crate) fn new(name: &str, window: Duration) -> Arc<ClusterState> {
         Arc::new(ClusterState {
             name: name.to_string(),
             window,
@@ -176,7 +176,7 @@ impl ClusterState {
         })
     }
 
-    pub fn snapshot(&self) -> ClusterSnapshot {
+    pub(crate) fn snapshot(&self) -> ClusterSnapshot {
         self.inner
             .lock()
             .map(|i| i.snap.clone())
@@ -321,18 +321,18 @@ fn one_commit_totals(stats: &PgStats) -> Option<WalInterval> {
 
 /// All clusters, for the metrics encoder.
 #[derive(Debug, Default)]
-pub struct ClusterSet {
+pub(crate) struct ClusterSet {
     clusters: RwLock<Vec<Arc<ClusterState>>>,
 }
 
 impl ClusterSet {
-    pub fn add(&self, c: Arc<ClusterState>) {
+    pub(crate) fn add(&self, c: Arc<ClusterState>) {
         if let Ok(mut v) = self.clusters.write() {
             v.push(c);
         }
     }
 
-    pub fn snapshots(&self) -> Vec<ClusterSnapshot> {
+    pub(crate) fn snapshots(&self) -> Vec<ClusterSnapshot> {
         self.clusters
             .read()
             .map(|v| v.iter().map(|c| c.snapshot()).collect())
@@ -340,7 +340,7 @@ impl ClusterSet {
     }
 
     /// Forgets a cluster a reload removed, so its series go stale.
-    pub fn remove(&self, name: &str) {
+    pub(crate) fn remove(&self, name: &str) {
         if let Ok(mut v) = self.clusters.write() {
             v.retain(|c| c.name != name);
         }
@@ -357,11 +357,11 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// answering: a stopped or frozen backend, a backend stuck in uninterruptible
 /// IO on a stalled volume, a network path that died without a reset. Only
 /// the client can notice those.
-pub const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
+pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
 
 /// How long one statement may go without an answer before the connection
 /// is dropped: statement_timeout + [`DEADLINE_MARGIN`].
-pub fn statement_deadline(statement_timeout: Duration) -> Duration {
+pub(crate) fn statement_deadline(statement_timeout: Duration) -> Duration {
     statement_timeout + DEADLINE_MARGIN
 }
 
@@ -373,14 +373,14 @@ pub fn statement_deadline(statement_timeout: Duration) -> Duration {
 /// (stopped, frozen) would otherwise hold the attempt forever. None (no
 /// deadline) when there is no connect_timeout: libpq waits indefinitely
 /// for `connect_timeout=0` or a negative one.
-pub fn connect_deadline(config: &tokio_postgres::Config) -> Option<Duration> {
+pub(crate) fn connect_deadline(config: &tokio_postgres::Config) -> Option<Duration> {
     let per_host = *config.get_connect_timeout()?;
     let hosts = u32::try_from(config.get_hosts().len().max(1)).unwrap_or(u32::MAX);
     Some(per_host.saturating_mul(hosts))
 }
 
 /// Runs the collector of one cluster until the process ends.
-pub async fn run(
+pub(crate) async fn run(
     cfg: ClusterConfig,
     target: Target,
     state: Arc<ClusterState>,
@@ -732,14 +732,14 @@ impl Session<'_> {
 /// volume), so the collector only sends this; the daemon plans and adds
 /// volumes on a blocking thread.
 #[derive(Debug, Clone)]
-pub struct DiscoveryRequest {
-    pub cluster: String,
+pub(crate) struct DiscoveryRequest {
+    pub(crate) cluster: String,
     /// The server's major version (e.g. 16), checked against PG_VERSION.
-    pub major: u32,
-    pub data_directory: PathBuf,
+    pub(crate) major: u32,
+    pub(crate) data_directory: PathBuf,
     /// (name, location) of each tablespace.
-    pub tablespaces: Vec<(String, String)>,
-    pub sync_method: SyncMethod,
+    pub(crate) tablespaces: Vec<(String, String)>,
+    pub(crate) sync_method: SyncMethod,
 }
 
 impl Session<'_> {
@@ -791,7 +791,7 @@ impl Session<'_> {
 /// One `warn` line per setting of the cluster that leaves figures out
 /// (`track_wal_io_timing`, `track_io_timing` off): after the first scrape
 /// that read the settings, and again after each reload.
-pub fn warn_settings(cluster: &str, settings: &[Setting]) {
+pub(crate) fn warn_settings(cluster: &str, settings: &[Setting]) {
     let pairs = settings.iter().map(|s| (s.name.as_str(), s.value.as_str()));
     for w in crate::model::verdict::settings_warnings(pairs) {
         tracing::warn!(cluster, code = w.code, "{}", w.message);
@@ -800,7 +800,7 @@ pub fn warn_settings(cluster: &str, settings: &[Setting]) {
 
 impl ClusterState {
     /// Which volumes hold this cluster's directories: (volume, role).
-    pub fn set_volumes(&self, roles: Vec<(String, String)>) {
+    pub(crate) fn set_volumes(&self, roles: Vec<(String, String)>) {
         self.with(|i| i.snap.volumes = roles);
     }
 }

@@ -26,7 +26,7 @@ use tokio_postgres::Client;
 use super::dsn::{SslMode, Target};
 
 #[derive(Debug, Error)]
-pub enum ConnectError {
+pub(crate) enum ConnectError {
     #[error("{}", describe(.0))]
     Postgres(#[from] tokio_postgres::Error),
     #[error("TLS setup: {0}")]
@@ -48,7 +48,7 @@ fn socket_file(dir: &str, port: u16) -> String {
 
 /// Turns a failed connect to Unix-domain socket(s) into a message naming the
 /// socket file(s) tried and what to check; any other error is kept as it is.
-pub fn socket_error(t: &Target, e: tokio_postgres::Error) -> ConnectError {
+pub(crate) fn socket_error(t: &Target, e: tokio_postgres::Error) -> ConnectError {
     if !t.sockets_only() || t.hosts.is_empty() || e.as_db_error().is_some() {
         return ConnectError::Postgres(e);
     }
@@ -96,7 +96,7 @@ pub fn socket_error(t: &Target, e: tokio_postgres::Error) -> ConnectError {
 /// tokio-postgres prints a server error as just "db error"; the server's
 /// message (password authentication failed, database does not exist, ...)
 /// is what an operator needs. It never contains the password.
-pub fn describe(e: &tokio_postgres::Error) -> String {
+pub(crate) fn describe(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
         return format!("{} {}: {}", db.severity(), db.code().code(), db.message());
     }
@@ -276,8 +276,8 @@ fn client_config(t: &Target) -> Result<rustls::ClientConfig, ConnectError> {
 /// (and the socket) alive for as long as a reply is owed, so a query
 /// abandoned at the client deadline on a server that stopped answering
 /// would otherwise keep its connection open for good.
-pub struct Connection {
-    pub client: Client,
+pub(crate) struct Connection {
+    pub(crate) client: Client,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -301,7 +301,7 @@ impl Drop for Connection {
 /// tokio-postgres's `connect_timeout` bounds only the TCP (or Unix socket)
 /// connect of each host, not the TLS handshake, authentication and
 /// start-up that follow: the caller puts a deadline around the whole call.
-pub async fn connect(t: &Target) -> Result<Connection, ConnectError> {
+pub(crate) async fn connect(t: &Target) -> Result<Connection, ConnectError> {
     // Like libpq, TLS is never used over a Unix-domain socket: the kernel
     // already keeps that traffic on this host.
     if t.ssl_mode == SslMode::Disable || t.sockets_only() {

@@ -14,11 +14,11 @@ use crate::types::{Op, Phase, SERIES, series};
 /// One latency histogram: counts per bucket (not cumulative; the last
 /// bucket is +Inf), total count and sum.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HistogramSnapshot {
-    pub sum: f64,
-    pub count: u64,
+pub(crate) struct HistogramSnapshot {
+    pub(crate) sum: f64,
+    pub(crate) count: u64,
     /// (upper bound, count in this bucket alone), +Inf last.
-    pub buckets: Vec<(f64, u64)>,
+    pub(crate) buckets: Vec<(f64, u64)>,
 }
 
 #[derive(Debug)]
@@ -30,7 +30,7 @@ struct Hist {
 
 /// Cumulative counts of one volume.
 #[derive(Debug)]
-pub struct ProbeCounts {
+pub(crate) struct ProbeCounts {
     bounds: Vec<f64>,
     // One lock for all histograms: the probe thread takes it a few times a
     // second and a scrape once; contention is not a cost worth atomics.
@@ -50,18 +50,18 @@ pub struct ProbeCounts {
 /// Why the probe files could not be set up, for the status page: the cause
 /// label of the `setup` error series, the error in words and when.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SetupNote {
-    pub cause: &'static str,
-    pub message: String,
+pub(crate) struct SetupNote {
+    pub(crate) cause: &'static str,
+    pub(crate) message: String,
     /// Unix time of the failed attempt.
-    pub unix: f64,
+    pub(crate) unix: f64,
 }
 
 impl ProbeCounts {
     /// Counts for a volume running the given probes. The `timeout` error
     /// series of each probed op exist from the start (at 0), so `rate()` and
     /// alerts see the first increment.
-    pub fn new(commit_probe: bool, read_probe: bool) -> ProbeCounts {
+    pub(crate) fn new(commit_probe: bool, read_probe: bool) -> ProbeCounts {
         let bounds = probe_buckets();
         let hists = (0..SERIES)
             .map(|_| Hist {
@@ -88,13 +88,9 @@ impl ProbeCounts {
         }
     }
 
-    pub fn observe(&self, op: Op, phase: Phase, seconds: f64) {
-        self.observe_all(phase, &[(op, seconds)]);
-    }
-
     /// The samples of one probe (a commit's write, sync and commit) under
     /// one taking of each lock.
-    pub fn observe_all(&self, phase: Phase, samples: &[(Op, f64)]) {
+    pub(crate) fn observe_all(&self, phase: Phase, samples: &[(Op, f64)]) {
         if let Ok(mut h) = self.hists.lock() {
             for &(op, seconds) in samples {
                 // Prometheus buckets are "less than or equal": the first
@@ -117,7 +113,7 @@ impl ProbeCounts {
         }
     }
 
-    pub fn error(&self, op: &'static str, error: &'static str) {
+    pub(crate) fn error(&self, op: &'static str, error: &'static str) {
         if let Ok(mut e) = self.errors.lock() {
             *e.entry((op, error)).or_insert(0) += 1;
         }
@@ -128,7 +124,7 @@ impl ProbeCounts {
 
     /// Counts a setup error (op `setup`) and keeps it in words until
     /// [`ProbeCounts::setup_done`].
-    pub fn setup_error(&self, cause: &'static str, message: String) {
+    pub(crate) fn setup_error(&self, cause: &'static str, message: String) {
         self.error("setup", cause);
         let unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -144,7 +140,7 @@ impl ProbeCounts {
     }
 
     /// Setup succeeded: the latest setup error no longer stands.
-    pub fn setup_done(&self) {
+    pub(crate) fn setup_done(&self) {
         if let Ok(mut n) = self.setup_error.lock() {
             *n = None;
         }
@@ -153,22 +149,22 @@ impl ProbeCounts {
     /// The setup error that stands, if any: the probe directory cannot be
     /// set up, or a probe was given up at setup (a read probe on a
     /// filesystem without O_DIRECT).
-    pub fn last_setup_error(&self) -> Option<SetupNote> {
+    pub(crate) fn last_setup_error(&self) -> Option<SetupNote> {
         self.setup_error.lock().ok()?.clone()
     }
 
     /// (latest probe succeeded, its latency): the probe thread's collector
     /// health. True before the first probe: nothing has failed yet.
-    pub fn last_run(&self) -> (bool, Option<f64>) {
+    pub(crate) fn last_run(&self) -> (bool, Option<f64>) {
         self.last.lock().map(|l| *l).unwrap_or((false, None))
     }
 
-    pub fn cache_served(&self) {
+    pub(crate) fn cache_served(&self) {
         self.cache_served.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The histogram of (op, phase), absent until its first observation.
-    pub fn histogram(&self, op: Op, phase: Phase) -> Option<HistogramSnapshot> {
+    pub(crate) fn histogram(&self, op: Op, phase: Phase) -> Option<HistogramSnapshot> {
         let h = self.hists.lock().ok()?;
         let h = &h[series(op, phase)];
         (h.count > 0).then(|| HistogramSnapshot {
@@ -185,7 +181,7 @@ impl ProbeCounts {
     }
 
     /// Errors so far: ((op, error), count), in a stable order.
-    pub fn errors(&self) -> Vec<((&'static str, &'static str), u64)> {
+    pub(crate) fn errors(&self) -> Vec<((&'static str, &'static str), u64)> {
         self.errors
             .lock()
             .map(|e| e.iter().map(|(k, v)| (*k, *v)).collect())
@@ -193,7 +189,7 @@ impl ProbeCounts {
     }
 
     /// Reads served by a cache, for a volume with a read probe.
-    pub fn cache_served_reads(&self) -> Option<u64> {
+    pub(crate) fn cache_served_reads(&self) -> Option<u64> {
         self.read_probe
             .then(|| self.cache_served.load(Ordering::Relaxed))
     }
@@ -207,9 +203,9 @@ mod tests {
     fn buckets_are_less_or_equal_and_counts_add_up() {
         let c = ProbeCounts::new(true, false);
         assert!(c.histogram(Op::Commit, Phase::Busy).is_none());
-        c.observe(Op::Commit, Phase::Busy, 1e-5);
-        c.observe(Op::Commit, Phase::Busy, 2e-4);
-        c.observe(Op::Commit, Phase::Busy, 100.0);
+        c.observe_all(Phase::Busy, &[(Op::Commit, 1e-5)]);
+        c.observe_all(Phase::Busy, &[(Op::Commit, 2e-4)]);
+        c.observe_all(Phase::Busy, &[(Op::Commit, 100.0)]);
         let h = c.histogram(Op::Commit, Phase::Busy).unwrap();
         assert_eq!(h.count, 3);
         assert!((h.sum - 100.00021).abs() < 1e-9);
@@ -226,7 +222,7 @@ mod tests {
         let all = ProbeCounts::new(true, false);
         let samples = [(Op::Write, 3e-5), (Op::Sync, 2e-4), (Op::Commit, 2.3e-4)];
         for &(op, s) in &samples {
-            one.observe(op, Phase::AfterIdle, s);
+            one.observe_all(Phase::AfterIdle, &[(op, s)]);
         }
         all.observe_all(Phase::AfterIdle, &samples);
         for op in [Op::Write, Op::Sync, Op::Commit] {

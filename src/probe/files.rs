@@ -35,25 +35,25 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
 use thiserror::Error;
 
+use crate::errno::{self, Set};
+use crate::probe::Rng;
 use crate::probe::lock::{self, Identity, Record, Seen};
-use crate::probe::settings::BLOCK_SIZE;
-use crate::probe::{Rng, errno_name};
 use crate::types::{Shown, SyncMethod};
 use crate::units::fmt_bytes;
 
-pub const WAL_FILE: &str = "wal.probe";
-pub const READ_FILE: &str = "read.probe";
+pub(crate) const WAL_FILE: &str = "wal.probe";
+pub(crate) const READ_FILE: &str = "read.probe";
 /// The queue-depth sweep's write target: created for a sweep with writes,
 /// removed when it ends.
-pub const SWEEP_FILE: &str = "sweep.probe";
-pub const LOCK_FILE: &str = "lock";
+pub(crate) const SWEEP_FILE: &str = "sweep.probe";
+pub(crate) const LOCK_FILE: &str = "lock";
 /// The probe files, in the order they are looked at.
 const PROBE_FILES: [&str; 3] = [WAL_FILE, READ_FILE, SWEEP_FILE];
 
 /// Why a volume's probe files could not be set up. The daemon retries with
 /// backoff; `check` reports it and exits non-zero.
 #[derive(Debug, Error)]
-pub enum SetupError {
+pub(crate) enum SetupError {
     #[error("probe directory {}: {reason}", Shown(path))]
     UnsafeDir { path: PathBuf, reason: String },
     #[error(
@@ -86,7 +86,7 @@ pub enum SetupError {
     },
     #[error(
         "{}: the filesystem refuses O_DIRECT ({}); the read probe cannot bypass the page cache here",
-        Shown(path), errno_name(*errno)
+        Shown(path), errno::name(Set::Io, *errno)
     )]
     DirectIoUnsupported { path: PathBuf, errno: i32 },
     #[error("{what} {}: {source}", Shown(path))]
@@ -117,7 +117,7 @@ pub enum SetupError {
 
 impl SetupError {
     /// Bounded `error` label for `pgstorage_probe_errors_total{op="setup"}`.
-    pub fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             SetupError::UnsafeDir { .. } => "unsafe_dir",
             SetupError::InUse { .. } => "in_use",
@@ -128,7 +128,9 @@ impl SetupError {
             // set already has.
             SetupError::Symlink { .. } => "ELOOP",
             SetupError::Replaced { .. } => "replaced",
-            SetupError::Io { source, .. } => errno_name(source.raw_os_error().unwrap_or(0)),
+            SetupError::Io { source, .. } => {
+                errno::name(Set::Io, source.raw_os_error().unwrap_or(0))
+            }
             SetupError::Engine(_) => "io_uring_unavailable",
             SetupError::Stopped => "stopped",
         }
@@ -138,7 +140,7 @@ impl SetupError {
 /// What a probe file's name refers to now, compared with the file a probe
 /// thread holds open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NameCheck {
+pub(crate) enum NameCheck {
     /// The name still refers to the held file.
     Same,
     /// Nothing has the name any more: the file was deleted. The held
@@ -151,7 +153,7 @@ pub enum NameCheck {
 
 impl NameCheck {
     /// Bounded `error` label for `pgstorage_probe_errors_total`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             NameCheck::Same => "none",
             NameCheck::Removed => "removed",
@@ -164,19 +166,19 @@ impl NameCheck {
 /// Fixed for the life of a descriptor, so a probe thread takes it once per
 /// held file and each name check costs one stat of the name, not two.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FileId {
+pub(crate) struct FileId {
     dev: u64,
     ino: u64,
 }
 
 impl FileId {
     /// The file an open descriptor refers to.
-    pub fn of_fd(fd: impl AsFd) -> io::Result<FileId> {
+    pub(crate) fn of_fd(fd: impl AsFd) -> io::Result<FileId> {
         Ok(FileId::of(&fstat(fd)?))
     }
 
     /// The file `name` in `dir` refers to (a symlink itself, not followed).
-    pub fn of_name(dir: impl AsFd, name: impl rustix::path::Arg) -> io::Result<FileId> {
+    pub(crate) fn of_name(dir: impl AsFd, name: impl rustix::path::Arg) -> io::Result<FileId> {
         Ok(FileId::of(&rustix::fs::statat(
             dir,
             name,
@@ -337,7 +339,7 @@ fn present(dir: &OwnedFd) -> Vec<&'static str> {
 
 /// An open, locked probe directory.
 #[derive(Debug)]
-pub struct ProbeDir {
+pub(crate) struct ProbeDir {
     path: PathBuf,
     /// The directory the probe directory is in (`O_PATH`) and its name
     /// there: removing the probe directory through them reaches it where it
@@ -451,7 +453,7 @@ impl ProbeDir {
     /// the way (a file it did not create, a symlink), what is provably its
     /// own (its lock, a crashed run's recorded files, the directory if it
     /// made it) is removed before the error is returned; the rest stays.
-    pub fn open(path: &Path) -> Result<ProbeDir, SetupError> {
+    pub(crate) fn open(path: &Path) -> Result<ProbeDir, SetupError> {
         let pd = ProbeDir::open_locked(path)?;
         if let Err(e) = pd.remove_stale() {
             // The error names what is left; said once.
@@ -467,7 +469,7 @@ impl ProbeDir {
     /// leaving what is inside for [`ProbeDir::clear`]: the daemon registers
     /// the directory first, so shutdown cleans it up even while setup is
     /// refusing what it found there.
-    pub fn open_locked(path: &Path) -> Result<ProbeDir, SetupError> {
+    pub(crate) fn open_locked(path: &Path) -> Result<ProbeDir, SetupError> {
         let io_err = |what, source| SetupError::Io {
             what,
             path: path.to_path_buf(),
@@ -608,13 +610,13 @@ impl ProbeDir {
         Ok(pd)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Removes probe files of an earlier run that its lock records: we
     /// hold the lock now, so whoever created them is gone.
-    pub fn remove_stale(&self) -> Result<(), SetupError> {
+    pub(crate) fn remove_stale(&self) -> Result<(), SetupError> {
         for name in self.clear()? {
             tracing::info!(file = %Shown(&self.path.join(name)), "removed stale probe file of an earlier run");
         }
@@ -628,7 +630,7 @@ impl ProbeDir {
     /// then. A symlink, or a file the lock does not record, is refused and
     /// left in place before anything is removed; unlinking never follows a
     /// link, so its target is not touched either way.
-    pub fn clear(&self) -> Result<Vec<&'static str>, SetupError> {
+    pub(crate) fn clear(&self) -> Result<Vec<&'static str>, SetupError> {
         let record = self.lock.record().clone();
         let mut ours = Vec::new();
         let mut foreign = Vec::new();
@@ -709,7 +711,7 @@ impl ProbeDir {
     /// closes, so a probe thread would keep probing a file nobody can see
     /// (holding its space) and never notice a file put in its place. Only
     /// comparing the name's inode with the descriptor's tells.
-    pub fn check_name(&self, name: &str, held: FileId) -> io::Result<NameCheck> {
+    pub(crate) fn check_name(&self, name: &str, held: FileId) -> io::Result<NameCheck> {
         match FileId::of_name(&self.dir, name) {
             Ok(id) if id == held => Ok(NameCheck::Same),
             Ok(_) => Ok(NameCheck::Replaced),
@@ -720,7 +722,7 @@ impl ProbeDir {
 
     /// Whether the configured path still names this directory (not removed,
     /// renamed or replaced since it was opened).
-    pub fn at_path(&self) -> io::Result<bool> {
+    pub(crate) fn at_path(&self) -> io::Result<bool> {
         match rustix::fs::lstat(&self.path) {
             Ok(st) => Ok(FileId::of(&st) == self.id),
             Err(rustix::io::Errno::NOENT) => Ok(false),
@@ -729,7 +731,7 @@ impl ProbeDir {
     }
 
     /// Bytes available to this (unprivileged) user on the filesystem.
-    pub fn available_bytes(&self) -> io::Result<u64> {
+    pub(crate) fn available_bytes(&self) -> io::Result<u64> {
         let st = rustix::fs::fstatvfs(&self.dir)?;
         Ok(st.f_bavail.saturating_mul(st.f_frsize))
     }
@@ -917,7 +919,7 @@ impl ProbeDir {
     /// journal commit; appending would change the size on every write. Both
     /// would time something PostgreSQL does not do on a recycled segment.
     /// Returns it opened with the flags the sync method implies.
-    pub fn create_wal_file(
+    pub(crate) fn create_wal_file(
         &self,
         size: u64,
         method: SyncMethod,
@@ -942,7 +944,7 @@ impl ProbeDir {
     /// Creates the read probe file filled with random bytes (zeros would be
     /// compressed away by btrfs/ZFS and never reach the device) and opens it
     /// `O_DIRECT`.
-    pub fn create_read_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
+    pub(crate) fn create_read_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
         let created = self.create(READ_FILE, size, reserve, Fill::Random)?;
         match self.reopen(READ_FILE, &created, OFlags::RDONLY | OFlags::DIRECT) {
             Ok(r) => r,
@@ -966,7 +968,7 @@ impl ProbeDir {
     /// read-write `O_DIRECT`. Written in full and synced first, like the WAL
     /// probe file: the sweep's writes must be overwrites of allocated
     /// blocks, or each would also cost the filesystem a metadata update.
-    pub fn create_sweep_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
+    pub(crate) fn create_sweep_file(&self, size: u64, reserve: u64) -> Result<File, SetupError> {
         // Left by a sweep that could not remove it (the clean-up of an
         // interrupted one happens at the next start; this covers a failed
         // unlink in between). Anything else at the name is refused.
@@ -993,7 +995,7 @@ impl ProbeDir {
     }
 
     /// Removes the sweep file, if it is the one the exporter created.
-    pub fn remove_sweep_file(&self) {
+    pub(crate) fn remove_sweep_file(&self) {
         if let Err(e) = self.remove_recorded(SWEEP_FILE) {
             tracing::warn!(error = %e, "sweep file not removed");
         }
@@ -1007,7 +1009,7 @@ impl ProbeDir {
     /// its own. Safe to call while a probe thread still holds a file open:
     /// the blocks are freed when the last descriptor closes, at exit at the
     /// latest. Returns what could not be removed.
-    pub fn remove_all(&self) -> Vec<String> {
+    pub(crate) fn remove_all(&self) -> Vec<String> {
         self.remove(true)
     }
 
@@ -1117,11 +1119,8 @@ fn unlinkat(dir: &OwnedFd, name: &str) -> io::Result<()> {
     Ok(rustix::fs::unlinkat(dir, name, AtFlags::empty())?)
 }
 
-/// An 8 KiB buffer aligned for `O_DIRECT`, for the engines' reads.
-pub type AlignedBuf = crate::sys::AlignedBuf<BLOCK_SIZE>;
-
 /// The descriptor of a probe file, for the engines.
-pub fn raw(f: &File) -> BorrowedFd<'_> {
+pub(crate) fn raw(f: &File) -> BorrowedFd<'_> {
     f.as_fd()
 }
 
@@ -1590,12 +1589,5 @@ mod tests {
             Err(e) => assert_eq!(e.label(), "no_direct_io", "{e}"),
         }
         assert!(pd.remove_all().is_empty());
-    }
-
-    #[test]
-    fn aligned_buffer_is_aligned() {
-        let b = AlignedBuf::new();
-        assert_eq!(b.as_ptr() as usize % AlignedBuf::ALIGN, 0);
-        assert_eq!(b.len(), 8192);
     }
 }

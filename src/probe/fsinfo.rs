@@ -13,24 +13,24 @@ pub struct FsInfo {
     pub fstype: String,
     /// Kernel block device name (`vda`, `nvme0n1p2`, `loop3`), or the mount
     /// source for filesystems without one (`tmpfs`, `overlay`).
-    pub device: String,
+    pub(crate) device: String,
     /// `MAJ:MIN` of the filesystem (`st_dev`).
-    pub majmin: String,
-    pub mount_point: PathBuf,
+    pub(crate) majmin: String,
+    pub(crate) mount_point: PathBuf,
     /// The whole disk IO limits are set on (io.max and blkio throttles only
     /// accept whole disks, not partitions).
-    pub disk: Option<Disk>,
+    pub(crate) disk: Option<Disk>,
     /// Why `disk` is unknown, when it is.
-    pub disk_reason: Option<String>,
+    pub(crate) disk_reason: Option<String>,
 }
 
 /// A whole block device.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Disk {
+pub(crate) struct Disk {
     /// Kernel name: `vda`, `nvme0n1`, `loop3`, `dm-2`, `md0`.
-    pub name: String,
+    pub(crate) name: String,
     /// `MAJ:MIN`, as cgroup files and /proc/diskstats name it.
-    pub majmin: String,
+    pub(crate) majmin: String,
 }
 
 /// Roots of /proc and /sys, configurable so tests can use fixture trees.
@@ -102,7 +102,7 @@ pub fn lookup(path: &Path, roots: &Roots) -> FsInfo {
 /// anonymous device (major 0: btrfs, overlay, tmpfs, NFS) is resolved
 /// through the mount source when that is a block device node (btrfs on
 /// `/dev/sda2`); otherwise there is no disk to limit.
-pub fn whole_disk(majmin: &str, source: &str, roots: &Roots) -> Result<Disk, String> {
+pub(crate) fn whole_disk(majmin: &str, source: &str, roots: &Roots) -> Result<Disk, String> {
     let mut mm = majmin.to_string();
     if mm.starts_with("0:") {
         use std::os::unix::fs::{FileTypeExt, MetadataExt};

@@ -37,26 +37,26 @@ use rustix::fs::{AtFlags, FileType, StatxFlags};
 
 /// The lock file's first line: what tells the exporter's lock from any
 /// other file named `lock`.
-pub const HEADER: &str = "pg-storage-exporter probe directory lock v1";
+pub(crate) const HEADER: &str = "pg-storage-exporter probe directory lock v1";
 
 /// A lock file longer than this is not one the exporter wrote (its own
 /// holds a few lines); reading stops there.
-pub const MAX_LEN: usize = 4096;
+pub(crate) const MAX_LEN: usize = 4096;
 
 /// What makes a file the one the exporter created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Identity {
-    pub dev: u64,
-    pub ino: u64,
+pub(crate) struct Identity {
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
     /// Birth time (seconds, nanoseconds), where the filesystem reports it.
-    pub btime: Option<(i64, u32)>,
+    pub(crate) btime: Option<(i64, u32)>,
 }
 
 impl Identity {
     /// Whether `now` (what a name refers to now) is the file recorded as
     /// `self`: the same inode born at the same moment, or, where either
     /// side has no birth time, the same inode on the same device.
-    pub fn matches(&self, now: &Identity) -> bool {
+    pub(crate) fn matches(&self, now: &Identity) -> bool {
         self.ino == now.ino
             && match (self.btime, now.btime) {
                 (Some(a), Some(b)) => a == b,
@@ -65,21 +65,21 @@ impl Identity {
     }
 
     /// The identity of the file `fd` refers to.
-    pub fn of_fd(fd: impl AsFd) -> io::Result<Identity> {
+    pub(crate) fn of_fd(fd: impl AsFd) -> io::Result<Identity> {
         Ok(Seen::statx(fd, "", AtFlags::EMPTY_PATH)?.identity)
     }
 }
 
 /// What a name in a directory refers to, without following a symlink.
 #[derive(Debug, Clone, Copy)]
-pub struct Seen {
-    pub kind: FileType,
-    pub identity: Identity,
+pub(crate) struct Seen {
+    pub(crate) kind: FileType,
+    pub(crate) identity: Identity,
 }
 
 impl Seen {
     /// lstat of `name` in `dir`, with the birth time where there is one.
-    pub fn at(dir: impl AsFd, name: &str) -> io::Result<Seen> {
+    pub(crate) fn at(dir: impl AsFd, name: &str) -> io::Result<Seen> {
         Seen::statx(dir, name, AtFlags::SYMLINK_NOFOLLOW)
     }
 
@@ -123,18 +123,18 @@ impl Seen {
 
 /// What a lock file of the exporter says.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Record {
+pub(crate) struct Record {
     /// The process that wrote it.
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// The probe directory, when the exporter created it.
-    pub dir: Option<Identity>,
+    pub(crate) dir: Option<Identity>,
     /// The files the exporter created, by name.
-    pub files: Vec<(&'static str, Identity)>,
+    pub(crate) files: Vec<(&'static str, Identity)>,
 }
 
 impl Record {
     /// The identity recorded for `name`, if any.
-    pub fn file(&self, name: &str) -> Option<Identity> {
+    pub(crate) fn file(&self, name: &str) -> Option<Identity> {
         self.files
             .iter()
             .find(|(n, _)| *n == name)
@@ -142,16 +142,16 @@ impl Record {
     }
 
     /// Records `name` as the file with `id` (replacing an older record).
-    pub fn set_file(&mut self, name: &'static str, id: Identity) {
+    pub(crate) fn set_file(&mut self, name: &'static str, id: Identity) {
         self.forget(name);
         self.files.push((name, id));
     }
 
-    pub fn forget(&mut self, name: &str) {
+    pub(crate) fn forget(&mut self, name: &str) {
         self.files.retain(|(n, _)| *n != name);
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         use std::fmt::Write;
         let mut s = format!("{HEADER}\n");
         if let Some(pid) = self.pid {
@@ -171,7 +171,7 @@ impl Record {
     /// file names a record may hold. A line that does not parse (a write
     /// torn by a power loss) is skipped: what it recorded is then not
     /// proven, and stays untouched.
-    pub fn parse(text: &[u8], names: &[&'static str]) -> Option<Record> {
+    pub(crate) fn parse(text: &[u8], names: &[&'static str]) -> Option<Record> {
         let text = std::str::from_utf8(text).ok()?;
         let mut lines = text.lines();
         if lines.next()? != HEADER {

@@ -6,48 +6,45 @@
 //! io_uring is unavailable). A sync that hangs blocks only that thread; its
 //! age is visible through [`state::VolumeState`] while it is in flight.
 
-pub mod counts;
-pub mod engine;
-pub mod files;
+pub(crate) mod counts;
+pub(crate) mod engine;
+pub(crate) mod files;
 pub mod fsinfo;
-pub mod lock;
-pub mod placement;
-pub mod runner;
-pub mod set;
+pub(crate) mod lock;
+pub(crate) mod placement;
+pub(crate) mod runner;
+pub(crate) mod set;
 pub mod settings;
-pub mod state;
-pub mod sweep;
+pub(crate) mod state;
+pub(crate) mod sweep;
 
 use std::fmt;
 
+use crate::errno::{self, Set};
 use crate::types::Op;
 
 /// One failed IO, labelled for `pgstorage_probe_errors_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IoFailure {
-    pub op: Op,
-    pub cause: Cause,
+pub(crate) struct IoFailure {
+    pub(crate) op: Op,
+    pub(crate) cause: Cause,
 }
 
 /// Why an IO failed: an errno, or a result that was not an error but not a
 /// full 8 KiB either.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     Errno(i32),
     Short,
 }
 
 impl Cause {
     /// Bounded label value: the errno's symbolic name, or `short_io`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
-            Cause::Errno(e) => errno_name(e),
+            Cause::Errno(e) => errno::name(Set::Io, e),
             Cause::Short => "short_io",
         }
-    }
-
-    pub fn from_io(e: &std::io::Error) -> Cause {
-        Cause::Errno(e.raw_os_error().unwrap_or(libc::EIO))
     }
 }
 
@@ -58,7 +55,7 @@ impl fmt::Display for IoFailure {
                 f,
                 "{} failed: {} ({})",
                 self.op,
-                errno_name(e),
+                errno::name(Set::Io, e),
                 std::io::Error::from_raw_os_error(e)
             ),
             Cause::Short => write!(f, "{} transferred less than 8 KiB", self.op),
@@ -66,53 +63,13 @@ impl fmt::Display for IoFailure {
     }
 }
 
-/// Symbolic errno names for the errors storage IO actually returns. Anything
-/// else is `other`, which keeps the label set bounded.
-pub fn errno_name(e: i32) -> &'static str {
-    match e {
-        libc::EIO => "EIO",
-        libc::ENOSPC => "ENOSPC",
-        libc::EDQUOT => "EDQUOT",
-        libc::EROFS => "EROFS",
-        libc::EINVAL => "EINVAL",
-        libc::EBADF => "EBADF",
-        libc::EPERM => "EPERM",
-        libc::EACCES => "EACCES",
-        libc::EAGAIN => "EAGAIN",
-        libc::EINTR => "EINTR",
-        libc::ENOMEM => "ENOMEM",
-        libc::EFBIG => "EFBIG",
-        libc::ENODEV => "ENODEV",
-        libc::ENXIO => "ENXIO",
-        libc::ENOENT => "ENOENT",
-        libc::ECANCELED => "ECANCELED",
-        libc::ETIMEDOUT => "ETIMEDOUT",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::ENOSYS => "ENOSYS",
-        libc::ESTALE => "ESTALE",
-        libc::EFAULT => "EFAULT",
-        libc::EBUSY => "EBUSY",
-        libc::EMFILE => "EMFILE",
-        libc::ENFILE => "ENFILE",
-        libc::ELOOP => "ELOOP",
-        libc::EEXIST => "EEXIST",
-        libc::ENOTDIR => "ENOTDIR",
-        libc::EISDIR => "EISDIR",
-        libc::EUCLEAN => "EUCLEAN",
-        libc::ENOLINK => "ENOLINK",
-        libc::ECONNRESET => "ECONNRESET",
-        libc::EHOSTDOWN => "EHOSTDOWN",
-        _ => "other",
-    }
-}
-
 /// xorshift64*: cheap, good enough to pick offsets and fill payloads so
 /// compressing or deduplicating storage cannot shortcut the IO.
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub(crate) struct Rng(u64);
 
 impl Rng {
-    pub fn seeded() -> Rng {
+    pub(crate) fn seeded() -> Rng {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
@@ -120,7 +77,7 @@ impl Rng {
         Rng::new(t ^ u64::from(std::process::id()).rotate_left(32))
     }
 
-    pub fn new(seed: u64) -> Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
         Rng(if seed == 0 {
             0x9E37_79B9_7F4A_7C15
         } else {
@@ -128,7 +85,7 @@ impl Rng {
         })
     }
 
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x >> 12;
         x ^= x << 25;
@@ -138,11 +95,11 @@ impl Rng {
     }
 
     /// Uniform in `0..n` (n > 0); modulo bias is irrelevant at these sizes.
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         if n == 0 { 0 } else { self.next_u64() % n }
     }
 
-    pub fn fill(&mut self, buf: &mut [u8]) {
+    pub(crate) fn fill(&mut self, buf: &mut [u8]) {
         for chunk in buf.chunks_mut(8) {
             let v = self.next_u64().to_le_bytes();
             chunk.copy_from_slice(&v[..chunk.len()]);

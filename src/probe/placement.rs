@@ -9,7 +9,7 @@ use std::path::{Component, Path, PathBuf};
 /// Where a probe directory came from, which decides what the user can do
 /// when it falls inside a directory PostgreSQL owns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Asker {
+pub(crate) enum Asker {
     /// A `[[volume]]` of the configuration file (it has a `probe_dir` key).
     ConfigFile,
     /// `--probe.path`, which has no way to choose the probe directory.
@@ -42,7 +42,7 @@ impl Asker {
 
 /// Refuses probe directories that PostgreSQL owns or that would measure a
 /// different filesystem than the volume.
-pub fn check_probe_dir(volume: &Path, probe_dir: &Path, asker: Asker) -> Result<(), String> {
+pub(crate) fn check_probe_dir(volume: &Path, probe_dir: &Path, asker: Asker) -> Result<(), String> {
     if let Some(owner) = postgres_owned_ancestor(probe_dir) {
         return Err(format!(
             "probe directory {} would be inside PostgreSQL's {}: the exporter never writes there. {}",
@@ -85,7 +85,7 @@ pub fn check_probe_dir(volume: &Path, probe_dir: &Path, asker: Asker) -> Result<
 ///   so a `pg_wal` symlinked elsewhere (`initdb --waldir`) is caught by
 ///   content whatever its name;
 /// - a tablespace location: holding a `PG_<major>_<catversion>` directory.
-pub fn postgres_owned_ancestor(p: &Path) -> Option<PathBuf> {
+pub(crate) fn postgres_owned_ancestor(p: &Path) -> Option<PathBuf> {
     let mut cur = PathBuf::new();
     for comp in p.components() {
         cur.push(comp);

@@ -27,18 +27,18 @@ use crate::types::{Op, Phase};
 
 /// A stop signal probe threads can sleep on.
 #[derive(Debug, Default)]
-pub struct Stop {
+pub(crate) struct Stop {
     stopped: Mutex<bool>,
     cv: Condvar,
     fast: AtomicBool,
 }
 
 impl Stop {
-    pub fn new() -> Arc<Stop> {
+    pub(crate) fn new() -> Arc<Stop> {
         Arc::new(Stop::default())
     }
 
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.fast.store(true, Ordering::SeqCst);
         if let Ok(mut s) = self.stopped.lock() {
             *s = true;
@@ -46,12 +46,12 @@ impl Stop {
         self.cv.notify_all();
     }
 
-    pub fn is_stopped(&self) -> bool {
+    pub(crate) fn is_stopped(&self) -> bool {
         self.fast.load(Ordering::SeqCst)
     }
 
     /// Sleeps until `deadline` or until stopped; true when stopped.
-    pub fn wait_until(&self, deadline: Instant) -> bool {
+    pub(crate) fn wait_until(&self, deadline: Instant) -> bool {
         let Ok(mut guard) = self.stopped.lock() else {
             return true;
         };
@@ -74,7 +74,7 @@ impl Stop {
 /// Starts the probe thread of a volume. The thread is named
 /// `probe-<volume>` (truncated by the kernel to 15 bytes) so it can be found
 /// in `top -H` and stack dumps.
-pub fn spawn(
+pub(crate) fn spawn(
     cfg: VolumeSpec,
     state: Arc<VolumeState>,
     stop: Arc<Stop>,
@@ -482,8 +482,8 @@ impl Runner {
 
     /// A burst of back-to-back probes: commits as [`COMMIT_BURST`] says,
     /// then reads as [`BURST_READS`] says. The commits' busy figure is
-    /// chosen when the burst is over (`model::pacing::steady_commits`): whole throttle
-    /// cycles where the burst met a throttle, else its last 12 commits; the
+    /// chosen when the burst is over (`model::pacing::whole_cycles`): whole
+    /// throttle cycles where the burst met a throttle, else its last 12 commits; the
     /// rest warmed the device path up and is only counted. The first reads
     /// warm up likewise. A failed probe ends the burst: a failing device is
     /// not hammered. Sets the volume's burst stretch: how many times
@@ -735,7 +735,7 @@ impl Runner {
 /// Counts probes in flight longer than their timeout, once each. Called by
 /// the daemon's watchdog every second; the stuck call itself cannot be
 /// interrupted, so this is how a hang becomes visible as an error.
-pub fn check_timeouts(volumes: &[Arc<VolumeState>], now: Instant) {
+pub(crate) fn check_timeouts(volumes: &[Arc<VolumeState>], now: Instant) {
     for v in volumes {
         if let Some(op) = v.take_timeout(now) {
             v.counts.error(op.as_str(), "timeout");

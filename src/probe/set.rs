@@ -16,7 +16,7 @@ use crate::probe::settings::{VolumeLimits, VolumeSpec};
 use crate::probe::state::VolumeState;
 
 #[derive(Debug)]
-pub struct VolumeSet {
+pub(crate) struct VolumeSet {
     volumes: RwLock<Vec<Arc<VolumeState>>>,
     window: Duration,
     roots: Roots,
@@ -30,7 +30,7 @@ pub struct VolumeSet {
 type ProbeThread = (Arc<Stop>, JoinHandle<()>);
 
 impl VolumeSet {
-    pub fn new(window: Duration, roots: Roots) -> Arc<VolumeSet> {
+    pub(crate) fn new(window: Duration, roots: Roots) -> Arc<VolumeSet> {
         Arc::new(VolumeSet {
             volumes: RwLock::new(Vec::new()),
             window,
@@ -41,12 +41,12 @@ impl VolumeSet {
     }
 
     /// Current volumes, in the order they were added.
-    pub fn list(&self) -> Vec<Arc<VolumeState>> {
+    pub(crate) fn list(&self) -> Vec<Arc<VolumeState>> {
         self.volumes.read().map(|v| v.clone()).unwrap_or_default()
     }
 
     /// The volume already probing the filesystem `dev` (st_dev), if any.
-    pub fn on_device(&self, dev: u64) -> Option<Arc<VolumeState>> {
+    pub(crate) fn on_device(&self, dev: u64) -> Option<Arc<VolumeState>> {
         self.list().into_iter().find(|v| {
             std::fs::metadata(&v.path)
                 .map(|m| m.dev() == dev)
@@ -55,7 +55,7 @@ impl VolumeSet {
     }
 
     /// Adds a volume and starts its probe thread.
-    pub fn add(&self, cfg: VolumeSpec) -> anyhow::Result<Arc<VolumeState>> {
+    pub(crate) fn add(&self, cfg: VolumeSpec) -> anyhow::Result<Arc<VolumeState>> {
         if self.stop.is_stopped() {
             anyhow::bail!("shutting down");
         }
@@ -108,7 +108,7 @@ impl VolumeSet {
     /// Gives a running volume new provisioned limits and cgroup, keeping
     /// its probe thread, window and counters. The previous limits, or
     /// `None` when there is no such volume.
-    pub fn set_limits(&self, name: &str, limits: VolumeLimits) -> Option<VolumeLimits> {
+    pub(crate) fn set_limits(&self, name: &str, limits: VolumeLimits) -> Option<VolumeLimits> {
         let v = self.list().into_iter().find(|v| v.name == name)?;
         let before = v.limits();
         v.set_limits(limits);
@@ -120,7 +120,7 @@ impl VolumeSet {
     /// reload; the same rules as [`VolumeSet::shutdown`] apply to a thread
     /// stuck in IO (it is abandoned, and said so). False when there is no
     /// such volume.
-    pub fn remove(&self, name: &str, timeout: Duration) -> bool {
+    pub(crate) fn remove(&self, name: &str, timeout: Duration) -> bool {
         let entry = self.threads.lock().ok().and_then(|mut t| t.remove(name));
         let Some(state) = self.list().into_iter().find(|v| v.name == name) else {
             return false;
@@ -139,7 +139,7 @@ impl VolumeSet {
     }
 
     /// Counts probes stuck past their timeout (the watchdog's tick).
-    pub fn check_timeouts(&self, now: Instant) {
+    pub(crate) fn check_timeouts(&self, now: Instant) {
         runner::check_timeouts(&self.list(), now);
     }
 
@@ -147,7 +147,7 @@ impl VolumeSet {
     /// removes every volume's probe files whether or not its thread
     /// finished. A thread stuck in a sync cannot be interrupted; it is
     /// abandoned (the process exits around it) and said so in the log.
-    pub fn shutdown(&self, timeout: Duration) {
+    pub(crate) fn shutdown(&self, timeout: Duration) {
         self.stop.stop();
         let threads: Vec<(String, ProbeThread)> = self
             .threads

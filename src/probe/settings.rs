@@ -12,18 +12,18 @@ use crate::types::{EngineChoice, SyncMethod};
 use crate::units::{fmt_bytes, fmt_duration};
 
 /// The IO size PostgreSQL uses for WAL and heap pages (BLCKSZ).
-pub const BLOCK_SIZE: usize = 8192;
+pub(crate) const BLOCK_SIZE: usize = 8192;
 /// A WAL segment is 16 MiB by default; the WAL probe cycles through one.
-pub const WAL_FILE_SIZE: u64 = 16 << 20;
+pub(crate) const WAL_FILE_SIZE: u64 = 16 << 20;
 /// Probe directory created inside a volume path when none is configured.
-pub const PROBE_DIR_NAME: &str = "pg-storage-exporter-probe";
+pub(crate) const PROBE_DIR_NAME: &str = "pg-storage-exporter-probe";
 /// Where `check` probes when given no probe directory: its own name, so a
 /// `check` never touches a running exporter's files.
-pub const CHECK_DIR_NAME: &str = "pg-storage-exporter-check";
+pub(crate) const CHECK_DIR_NAME: &str = "pg-storage-exporter-check";
 /// Samples one window may hold per op; bounds memory at about 2.4-3.2 MB
 /// per (op, phase) window (24-32 bytes a sample: its time in arrival order
 /// and its value in the sorted copy the quantiles are read from).
-pub const MAX_WINDOW_SAMPLES: u64 = 100_000;
+pub(crate) const MAX_WINDOW_SAMPLES: u64 = 100_000;
 /// Commit probes in one burst. The first half warms the device path up and
 /// is not recorded: on the build machine a burst's commits after a 1 s
 /// pause took about 530, 190, 170, 140, 130 µs, and reached the back-to-back
@@ -36,7 +36,7 @@ pub const BURST_COMMITS: u32 = 24;
 /// commits. Why: [`CommitBurstPlan`]. The next burst waits the longer in
 /// proportion, so the bursts' share of the device writes stays as
 /// configured.
-pub const COMMIT_BURST: CommitBurstPlan = CommitBurstPlan {
+pub(crate) const COMMIT_BURST: CommitBurstPlan = CommitBurstPlan {
     least: BURST_COMMITS,
     span: Duration::from_secs(1),
     most: 256,
@@ -47,7 +47,7 @@ pub const COMMIT_BURST: CommitBurstPlan = CommitBurstPlan {
 /// one, at least 16 (a slow disk) and at most 512 (a cache). Reads cost no
 /// device write. At the build machine's 70-110 µs that is 70-115 recorded
 /// reads per burst; why a span and not a count: [`ReadBurstPlan`].
-pub const BURST_READS: ReadBurstPlan = ReadBurstPlan {
+pub(crate) const BURST_READS: ReadBurstPlan = ReadBurstPlan {
     warm_up: 32,
     span: Duration::from_millis(8),
     min: 16,
@@ -62,28 +62,28 @@ pub const BURST_READS: ReadBurstPlan = ReadBurstPlan {
 /// the same "after a pause". The after-idle cost grows with the pause and
 /// levels off within about 50 ms on the build machine: a quarter of the
 /// default second is well past that.
-pub fn after_idle_pause(interval: Duration) -> Duration {
+pub(crate) fn after_idle_pause(interval: Duration) -> Duration {
     interval / 4
 }
 
 /// The per-volume probe knobs, with their defaults in [`Default`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProbeSettings {
-    pub commit_probe: bool,
-    pub read_probe: bool,
+    pub(crate) commit_probe: bool,
+    pub(crate) read_probe: bool,
     /// Time between lone probes (the after-idle figure).
     pub interval: Duration,
     /// A probe in flight longer than this is reported as hung.
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     pub read_file_size: u64,
     pub sync_method: SyncMethod,
     /// Never let the probe files push a volume below this much free space.
     pub free_space_reserve: u64,
     pub engine: EngineChoice,
     /// Reads faster than this did not reach a device.
-    pub cache_served_threshold: Duration,
+    pub(crate) cache_served_threshold: Duration,
     /// Queue-depth sweep period; zero = off.
-    pub sweep_every: Duration,
+    pub(crate) sweep_every: Duration,
     pub sweep_duration: Duration,
     /// How often a burst runs for the busy figure; zero = no bursts (no
     /// busy figure).
@@ -127,30 +127,30 @@ impl Default for ProbeSettings {
 
 /// One volume to probe, fully resolved.
 #[derive(Debug, Clone, PartialEq)]
-pub struct VolumeSpec {
-    pub name: String,
+pub(crate) struct VolumeSpec {
+    pub(crate) name: String,
     /// The directory whose storage is measured.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Where probe files live: on the same filesystem as `path`.
-    pub probe_dir: PathBuf,
-    pub probe: ProbeSettings,
+    pub(crate) probe_dir: PathBuf,
+    pub(crate) probe: ProbeSettings,
     /// Provisioned (cloud) limits: (resource label, value).
-    pub provisioned: Vec<(crate::types::Resource, u64)>,
+    pub(crate) provisioned: Vec<(crate::types::Resource, u64)>,
     /// A configured cgroup path whose limits apply.
-    pub cgroup: Option<String>,
+    pub(crate) cgroup: Option<String>,
 }
 
 /// The part of a [`VolumeSpec`] only the IO limits collector reads: a
 /// reload that changes nothing else updates it on the running volume.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct VolumeLimits {
-    pub provisioned: Vec<(crate::types::Resource, u64)>,
-    pub cgroup: Option<String>,
+pub(crate) struct VolumeLimits {
+    pub(crate) provisioned: Vec<(crate::types::Resource, u64)>,
+    pub(crate) cgroup: Option<String>,
 }
 
 /// How a volume's spec changed between two configurations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SpecChange {
+pub(crate) enum SpecChange {
     Same,
     /// Only [`VolumeLimits`] changed: the probe runs as before, so its
     /// thread, window and counters can stay.
@@ -160,7 +160,7 @@ pub enum SpecChange {
 }
 
 impl VolumeSpec {
-    pub fn limits(&self) -> VolumeLimits {
+    pub(crate) fn limits(&self) -> VolumeLimits {
         VolumeLimits {
             provisioned: self.provisioned.clone(),
             cgroup: self.cgroup.clone(),
@@ -171,7 +171,7 @@ impl VolumeSpec {
     /// as probe-affecting, including any field added later: the limits
     /// are blanked on copies and the rest compared whole, so a new field
     /// restarts the volume until someone decides it need not.
-    pub fn change_to(&self, new: &VolumeSpec) -> SpecChange {
+    pub(crate) fn change_to(&self, new: &VolumeSpec) -> SpecChange {
         if self == new {
             return SpecChange::Same;
         }
@@ -191,7 +191,7 @@ impl VolumeSpec {
 /// A knob with a bounded value. Every source of a value (file, flag,
 /// default for discovery, `check`) checks it against [`RANGES`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Knob {
+pub(crate) enum Knob {
     Interval,
     Timeout,
     ReadFileSize,
@@ -210,26 +210,26 @@ pub enum Knob {
 
 /// The allowed values of one knob.
 #[derive(Debug, Clone, Copy)]
-pub struct Range {
-    pub knob: Knob,
+pub(crate) struct Range {
+    pub(crate) knob: Knob,
     /// The config file key (also named in flag errors).
-    pub key: &'static str,
-    pub min: u64,
-    pub max: u64,
+    pub(crate) key: &'static str,
+    pub(crate) min: u64,
+    pub(crate) max: u64,
     /// 0 is allowed and means "off" even though it is below `min`.
-    pub zero_is_off: bool,
+    pub(crate) zero_is_off: bool,
     /// The message for a value below `min` when the bound has a reason
     /// worth telling ("too short: ..."); else "out of range: use A to B".
-    pub below: &'static str,
+    pub(crate) below: &'static str,
     /// The same for a value above `max`.
-    pub above: &'static str,
+    pub(crate) above: &'static str,
 }
 
 const MS: u64 = 1_000_000;
 const S: u64 = 1_000 * MS;
 
 /// Durations in nanoseconds, sizes in bytes.
-pub const RANGES: &[Range] = &[
+pub(crate) const RANGES: &[Range] = &[
     Range {
         knob: Knob::Interval,
         key: "interval",
@@ -361,7 +361,7 @@ pub const RANGES: &[Range] = &[
 ];
 
 impl Knob {
-    pub fn range(self) -> &'static Range {
+    pub(crate) fn range(self) -> &'static Range {
         // Every knob has a row: the unit test `every_knob_has_one_row`
         // keeps it so; the first row is a harmless fallback.
         RANGES.iter().find(|r| r.knob == self).unwrap_or(&RANGES[0])
@@ -373,13 +373,13 @@ impl Knob {
 
     /// Checks a duration knob. The error says why, without the value
     /// (callers put the value and where it came from in front).
-    pub fn check_duration(self, d: Duration) -> Result<Duration, String> {
+    pub(crate) fn check_duration(self, d: Duration) -> Result<Duration, String> {
         let n = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.check_raw(n).map(|_| d)
     }
 
     /// Checks a size knob.
-    pub fn check_bytes(self, b: u64) -> Result<u64, String> {
+    pub(crate) fn check_bytes(self, b: u64) -> Result<u64, String> {
         self.check_raw(b)?;
         if self == Knob::ReadFileSize && b % BLOCK_SIZE as u64 != 0 {
             return Err("not a multiple of 8KiB, the read size".to_string());
@@ -418,12 +418,12 @@ impl Knob {
 
     /// Checks a duration and phrases the error as the config file does:
     /// `7200s is out of range: use 1ms to 1h`.
-    pub fn check_written(self, d: Duration) -> Result<Duration, String> {
+    pub(crate) fn check_written(self, d: Duration) -> Result<Duration, String> {
         self.check_duration(d).map_err(|m| format!("{d:?} is {m}"))
     }
 
     /// The same for a size.
-    pub fn check_written_bytes(self, b: u64) -> Result<u64, String> {
+    pub(crate) fn check_written_bytes(self, b: u64) -> Result<u64, String> {
         self.check_bytes(b).map_err(|m| {
             if m.starts_with("not a multiple") {
                 format!("{b} bytes is {m}")
@@ -442,7 +442,7 @@ impl Knob {
 /// one pgbench client committed. Three bursts take the median over three
 /// moments. A window too short to hold three needs as many as it can hold
 /// ([`rate_min_samples`]).
-pub const RATE_BURSTS: u32 = 3;
+pub(crate) const RATE_BURSTS: u32 = 3;
 
 /// Busy samples of one op the window must hold before rates derive from
 /// them: [`RATE_BURSTS`] bursts' worth, or as many bursts as the window is
@@ -455,7 +455,7 @@ pub const RATE_BURSTS: u32 = 3;
 /// A burst records half of its [`BURST_COMMITS`] commits and at least
 /// [`ReadBurstPlan::min`] reads. `None` when bursts are off: there is no
 /// busy figure to wait for.
-pub fn rate_min_samples(
+pub(crate) fn rate_min_samples(
     read: bool,
     window: Duration,
     busy_every: Duration,
@@ -478,7 +478,7 @@ pub fn rate_min_samples(
 
 /// The most samples one (op, phase) window holds: the lone probes' or, for
 /// the busy phase, the most reads each burst can record.
-pub fn window_samples(window: Duration, interval: Duration, busy_every: Duration) -> f64 {
+pub(crate) fn window_samples(window: Duration, interval: Duration, busy_every: Duration) -> f64 {
     let w = window.as_secs_f64();
     let lone = w / interval.as_secs_f64().max(1e-9);
     let busy = if busy_every.is_zero() {

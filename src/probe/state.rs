@@ -26,27 +26,27 @@ fn to_ns(t: Instant) -> u64 {
 
 /// Shared state of one volume.
 #[derive(Debug)]
-pub struct VolumeState {
-    pub name: String,
-    pub path: PathBuf,
-    pub probe_dir_path: PathBuf,
-    pub sync_method: SyncMethod,
-    pub commit_probe: bool,
-    pub read_probe: bool,
-    pub timeout: Duration,
+pub(crate) struct VolumeState {
+    pub(crate) name: String,
+    pub(crate) path: PathBuf,
+    pub(crate) probe_dir_path: PathBuf,
+    pub(crate) sync_method: SyncMethod,
+    pub(crate) commit_probe: bool,
+    pub(crate) read_probe: bool,
+    pub(crate) timeout: Duration,
     /// Configured time between lone probes, and between bursts (zero: none).
-    pub interval: Duration,
-    pub busy_every: Duration,
+    pub(crate) interval: Duration,
+    pub(crate) busy_every: Duration,
     /// The sliding window's length: how many bursts it can hold decides how
     /// many rates wait for ([`crate::probe::settings::rate_min_samples`]).
-    pub window: Duration,
+    pub(crate) window: Duration,
     /// Provisioned limits and the configured cgroup. Behind a lock because
     /// a reload that changes only these updates them in place (the probe
     /// thread never reads them), so the window and counters are kept; the
     /// limits collector reads them on each pass.
     limits: Mutex<VolumeLimits>,
     /// Cumulative histogram and error counts.
-    pub counts: ProbeCounts,
+    pub(crate) counts: ProbeCounts,
     fs: Mutex<FsInfo>,
     engine: Mutex<Option<EngineKind>>,
     windows: Mutex<Windows>,
@@ -72,12 +72,12 @@ pub struct VolumeState {
 
 /// The latest queue-depth sweep of a volume.
 #[derive(Debug, Clone)]
-pub struct SweepResult {
+pub(crate) struct SweepResult {
     /// One table per workload that ran (reads only when the sweep file
     /// could not be created), each with its plateau, if it showed one.
-    pub tables: Vec<crate::probe::sweep::Table>,
+    pub(crate) tables: Vec<crate::probe::sweep::Table>,
     /// Unix time the sweep finished.
-    pub finished_unix: f64,
+    pub(crate) finished_unix: f64,
 }
 
 /// Per (op, phase) windows plus lifetime count and sum (the `_count`/`_sum`
@@ -92,26 +92,26 @@ struct Windows {
 
 /// A consistent copy of a volume's state for one scrape.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
-    pub fs: FsInfo,
-    pub engine: Option<EngineKind>,
+pub(crate) struct Snapshot {
+    pub(crate) fs: FsInfo,
+    pub(crate) engine: Option<EngineKind>,
     /// Per (op, phase), indexed by [`series`]: window quantiles, if any
     /// samples.
-    pub quantiles: [Option<Vec<f64>>; SERIES],
-    pub samples: [usize; SERIES],
+    pub(crate) quantiles: [Option<Vec<f64>>; SERIES],
+    pub(crate) samples: [usize; SERIES],
     /// Per (op, phase): mean over the window.
-    pub means: [Option<f64>; SERIES],
+    pub(crate) means: [Option<f64>; SERIES],
     /// Lifetime number and sum of samples per (op, phase).
-    pub count: [u64; SERIES],
-    pub sum: [f64; SERIES],
+    pub(crate) count: [u64; SERIES],
+    pub(crate) sum: [f64; SERIES],
     /// Per (op, phase): the latency histogram, taken with the window.
-    pub histograms: [Option<HistogramSnapshot>; SERIES],
-    pub in_flight: Option<(Op, Duration)>,
+    pub(crate) histograms: [Option<HistogramSnapshot>; SERIES],
+    pub(crate) in_flight: Option<(Op, Duration)>,
     /// Commit probes done since start, burst warm-ups included.
-    pub commit_probes: u64,
+    pub(crate) commit_probes: u64,
     /// Busy samples a commit op's (index 0) and the read op's (index 1)
     /// window needs before rates derive from it; `None` when bursts are off.
-    pub rate_min_samples: [Option<usize>; 2],
+    pub(crate) rate_min_samples: [Option<usize>; 2],
 }
 
 /// A stretch factor in thousandths for an atomic: values below 1 (and
@@ -126,11 +126,11 @@ fn stretch_milli(factor: f64) -> u64 {
 
 impl VolumeState {
     /// The filesystem type the volume is on (`ext4`, `tmpfs`, ...).
-    pub fn fstype(&self) -> String {
+    pub(crate) fn fstype(&self) -> String {
         self.fs.lock().map(|f| f.fstype.clone()).unwrap_or_default()
     }
 
-    pub fn new(cfg: &VolumeSpec, window: Duration, fs: FsInfo) -> VolumeState {
+    pub(crate) fn new(cfg: &VolumeSpec, window: Duration, fs: FsInfo) -> VolumeState {
         let cap = MAX_WINDOW_SAMPLES as usize;
         VolumeState {
             name: cfg.name.clone(),
@@ -165,31 +165,31 @@ impl VolumeState {
     }
 
     /// The volume's provisioned limits and configured cgroup, as of now.
-    pub fn limits(&self) -> VolumeLimits {
+    pub(crate) fn limits(&self) -> VolumeLimits {
         self.limits.lock().map(|l| l.clone()).unwrap_or_default()
     }
 
     /// Replaces the provisioned limits and cgroup (a reload that changed
     /// only these); the limits collector uses them from its next pass on.
-    pub fn set_limits(&self, limits: VolumeLimits) {
+    pub(crate) fn set_limits(&self, limits: VolumeLimits) {
         if let Ok(mut l) = self.limits.lock() {
             *l = limits;
         }
     }
 
     /// Counts one commit probe that reached the device, recorded or not.
-    pub fn count_commit_probe(&self) {
+    pub(crate) fn count_commit_probe(&self) {
         self.commit_probes.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The factor the probe schedule is stretched by (1.0 = as configured).
-    pub fn slowdown(&self) -> f64 {
+    pub(crate) fn slowdown(&self) -> f64 {
         self.slowdown_milli.load(Ordering::Relaxed) as f64 / 1000.0
     }
 
     /// Sets the stretch factor; values below 1 mean 1. Returns the previous
     /// factor, so the caller can log a change once.
-    pub fn set_slowdown(&self, factor: f64) -> f64 {
+    pub(crate) fn set_slowdown(&self, factor: f64) -> f64 {
         self.slowdown_milli
             .swap(stretch_milli(factor), Ordering::Relaxed) as f64
             / 1000.0
@@ -198,58 +198,58 @@ impl VolumeState {
     /// How many times the usual length the latest commit burst was: above
     /// 1 when it met a throttle and ran on for whole cycles. The next burst
     /// is put off by the same factor.
-    pub fn burst_stretch(&self) -> f64 {
+    pub(crate) fn burst_stretch(&self) -> f64 {
         self.burst_stretch_milli.load(Ordering::Relaxed) as f64 / 1000.0
     }
 
     /// Sets [`Self::burst_stretch`]; values below 1 mean 1.
-    pub fn set_burst_stretch(&self, factor: f64) {
+    pub(crate) fn set_burst_stretch(&self, factor: f64) {
         self.burst_stretch_milli
             .store(stretch_milli(factor), Ordering::Relaxed);
     }
 
     /// The commit rate a throttle allowed the latest burst (commits per
     /// second over its whole throttle cycles); `None` when it met none.
-    pub fn throttled_commit_rate(&self) -> Option<f64> {
+    pub(crate) fn throttled_commit_rate(&self) -> Option<f64> {
         let milli = self.throttled_rate_milli.load(Ordering::Relaxed);
         (milli > 0).then(|| milli as f64 / 1000.0)
     }
 
     /// Sets [`Self::throttled_commit_rate`].
-    pub fn set_throttled_commit_rate(&self, rate: Option<f64>) {
+    pub(crate) fn set_throttled_commit_rate(&self, rate: Option<f64>) {
         let milli = rate
             .filter(|r| r.is_finite() && *r > 0.0)
             .map_or(0, |r| (r * 1000.0).round().clamp(1.0, 1e12) as u64);
         self.throttled_rate_milli.store(milli, Ordering::Relaxed);
     }
 
-    pub fn set_engine(&self, kind: EngineKind) {
+    pub(crate) fn set_engine(&self, kind: EngineKind) {
         if let Ok(mut e) = self.engine.lock() {
             *e = Some(kind);
         }
     }
 
-    pub fn engine(&self) -> Option<EngineKind> {
+    pub(crate) fn engine(&self) -> Option<EngineKind> {
         self.engine.lock().ok().and_then(|e| *e)
     }
 
-    pub fn set_probe_dir(&self, dir: Arc<ProbeDir>) {
+    pub(crate) fn set_probe_dir(&self, dir: Arc<ProbeDir>) {
         if let Ok(mut d) = self.probe_dir.lock() {
             *d = Some(dir);
         }
     }
 
-    pub fn set_sweep(&self, r: SweepResult) {
+    pub(crate) fn set_sweep(&self, r: SweepResult) {
         if let Ok(mut s) = self.sweep.lock() {
             *s = Some(r);
         }
     }
 
-    pub fn sweep(&self) -> Option<SweepResult> {
+    pub(crate) fn sweep(&self) -> Option<SweepResult> {
         self.sweep.lock().ok().and_then(|s| s.clone())
     }
 
-    pub fn probe_dir(&self) -> Option<Arc<ProbeDir>> {
+    pub(crate) fn probe_dir(&self) -> Option<Arc<ProbeDir>> {
         self.probe_dir.lock().ok().and_then(|d| d.clone())
     }
 
@@ -258,14 +258,14 @@ impl VolumeState {
     /// both: a scrape's histogram `_count` and summary `_count` then agree
     /// exactly, instead of differing by a sample recorded between the two
     /// reads.
-    pub fn record(&self, op: Op, phase: Phase, at: Instant, seconds: f64) {
+    pub(crate) fn record(&self, op: Op, phase: Phase, at: Instant, seconds: f64) {
         self.record_all(phase, at, &[(op, seconds)]);
     }
 
     /// [`Self::record`] for all the samples of one probe (a commit's write,
     /// sync and commit) under one taking of the locks: the probe thread
     /// comes back to them cold after each pause.
-    pub fn record_all(&self, phase: Phase, at: Instant, samples: &[(Op, f64)]) {
+    pub(crate) fn record_all(&self, phase: Phase, at: Instant, samples: &[(Op, f64)]) {
         if let Ok(mut w) = self.windows.lock() {
             self.counts.observe_all(phase, samples);
             for &(op, seconds) in samples {
@@ -279,19 +279,19 @@ impl VolumeState {
         }
     }
 
-    pub fn begin(&self, op: Op) {
+    pub(crate) fn begin(&self, op: Op) {
         self.timeout_counted.store(false, Ordering::SeqCst);
         self.in_flight_op.store(op.index() as u8, Ordering::SeqCst);
         self.in_flight_since
             .store(to_ns(Instant::now()), Ordering::SeqCst);
     }
 
-    pub fn end(&self) {
+    pub(crate) fn end(&self) {
         self.in_flight_since.store(0, Ordering::SeqCst);
     }
 
     /// The op in flight and its age, if any.
-    pub fn in_flight(&self, now: Instant) -> Option<(Op, Duration)> {
+    pub(crate) fn in_flight(&self, now: Instant) -> Option<(Op, Duration)> {
         let since = self.in_flight_since.load(Ordering::SeqCst);
         if since == 0 {
             return None;
@@ -306,7 +306,7 @@ impl VolumeState {
 
     /// For the watchdog: true exactly once per probe that has been in flight
     /// longer than the timeout.
-    pub fn take_timeout(&self, now: Instant) -> Option<Op> {
+    pub(crate) fn take_timeout(&self, now: Instant) -> Option<Op> {
         match self.in_flight(now) {
             Some((op, age)) if age > self.timeout => {
                 if self.timeout_counted.swap(true, Ordering::SeqCst) {
@@ -319,7 +319,7 @@ impl VolumeState {
         }
     }
 
-    pub fn snapshot(&self, now: Instant, qs: &[f64]) -> Snapshot {
+    pub(crate) fn snapshot(&self, now: Instant, qs: &[f64]) -> Snapshot {
         let mut quantiles: [Option<Vec<f64>>; SERIES] = Default::default();
         let mut samples = [0usize; SERIES];
         let mut means = [None; SERIES];
@@ -369,18 +369,13 @@ impl VolumeState {
 
 impl Snapshot {
     /// Window quantiles of one (op, phase), in the order asked for.
-    pub fn quantiles(&self, op: Op, phase: Phase) -> Option<&[f64]> {
+    pub(crate) fn quantiles(&self, op: Op, phase: Phase) -> Option<&[f64]> {
         self.quantiles[series(op, phase)].as_deref()
     }
 
     /// Window mean of one (op, phase).
-    pub fn mean(&self, op: Op, phase: Phase) -> Option<f64> {
+    pub(crate) fn mean(&self, op: Op, phase: Phase) -> Option<f64> {
         self.means[series(op, phase)]
-    }
-
-    /// Lifetime number of samples of one (op, phase).
-    pub fn count(&self, op: Op, phase: Phase) -> u64 {
-        self.count[series(op, phase)]
     }
 
     /// The phase rates (ceilings, PostgreSQL's sync against the probe's)
@@ -389,7 +384,7 @@ impl Snapshot {
     /// figure there is; `None` while the first bursts are still to come, so
     /// that no rate rests on one moment of the host, nor on the after-idle
     /// figure that underestimates a busy server.
-    pub fn rate_phase(&self, op: Op) -> Option<Phase> {
+    pub(crate) fn rate_phase(&self, op: Op) -> Option<Phase> {
         let need = self.rate_min_samples[usize::from(op == Op::Read)];
         match need {
             None => Some(Phase::AfterIdle),
@@ -407,7 +402,7 @@ impl Snapshot {
     /// write + sync where the sync method has no separate sync), for
     /// comparing PostgreSQL's WAL syncs with it; `None` until rates may
     /// use the window.
-    pub fn rate_sync_mean(&self) -> Option<f64> {
+    pub(crate) fn rate_sync_mean(&self) -> Option<f64> {
         let phase = self.rate_phase(Op::Commit)?;
         self.mean(Op::Sync, phase).or(self.mean(Op::Commit, phase))
     }
@@ -415,23 +410,16 @@ impl Snapshot {
     /// Window mean of `op` in [`Self::rate_phase`], if rates may use it
     /// yet: the time per operation a client doing them back to back
     /// spends, whose inverse is its rate.
-    pub fn rate_mean(&self, op: Op) -> Option<f64> {
+    pub(crate) fn rate_mean(&self, op: Op) -> Option<f64> {
         let phase = self.rate_phase(op)?;
         self.mean(op, phase)
-    }
-
-    /// Window quantiles of `op` in [`Self::rate_phase`], if rates may use
-    /// them yet.
-    pub fn rate_quantiles(&self, op: Op) -> Option<&[f64]> {
-        let phase = self.rate_phase(op)?;
-        self.quantiles(op, phase)
     }
 
     /// The phase a report describes `op` in: busy when the window has any
     /// busy samples of it, else after-idle. Unlike [`Self::rate_phase`] it
     /// does not wait for several bursts: a description of what the probes
     /// saw does not claim a rate.
-    pub fn report_phase(&self, op: Op) -> Phase {
+    pub(crate) fn report_phase(&self, op: Op) -> Phase {
         if self.quantiles[series(op, Phase::Busy)].is_some() {
             Phase::Busy
         } else {

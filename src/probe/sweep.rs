@@ -34,46 +34,46 @@ use crate::sys::UringQueue;
 use crate::types::Resource;
 
 /// Depths of the IOPS workloads.
-pub const DEPTHS: [u32; 4] = [1, 4, 16, 64];
+pub(crate) const DEPTHS: [u32; 4] = [1, 4, 16, 64];
 /// Depths of the bandwidth workloads. Large IOs saturate a device at a
 /// lower depth than 8 KiB ones, and 16 × 256 KiB (4 MiB in flight) is
 /// already 0.4 s of queue at a 10 MiB/s cap: the last IOs of a depth take
 /// that long to drain after its time is up, which a depth of 64 would
 /// make 1.6 s.
-pub const BANDWIDTH_DEPTHS: [u32; 3] = [1, 4, 16];
+pub(crate) const BANDWIDTH_DEPTHS: [u32; 3] = [1, 4, 16];
 /// Size of a bandwidth workload's IOs: large enough that a throughput cap,
 /// not an IOPS cap, binds (a gp3 volume's 125 MiB/s is 500 of them per
 /// second, well under its 3,000 IOPS), small enough to keep the drain short.
-pub const BANDWIDTH_BLOCK: usize = 256 << 10;
+pub(crate) const BANDWIDTH_BLOCK: usize = 256 << 10;
 /// Size of the sweep file the write workloads write into.
-pub const SWEEP_FILE_SIZE: u64 = 32 << 20;
+pub(crate) const SWEEP_FILE_SIZE: u64 = 32 << 20;
 /// Bytes the write workloads may write in one sweep, split evenly over
 /// their depths; a depth stops early once it has written its share. On a
 /// fast device this ends the write depths well before their time is up.
-pub const MAX_WRITE_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_WRITE_BYTES: u64 = 256 << 20;
 
 /// Whether the IO of a workload goes to random blocks or in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Pattern {
+pub(crate) enum Pattern {
     Random,
     Sequential,
 }
 
 /// One kind of IO the sweep runs at rising depth.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Workload {
+pub(crate) struct Workload {
     /// The cap it finds.
-    pub resource: Resource,
+    pub(crate) resource: Resource,
     /// Bytes per IO.
-    pub block: usize,
-    pub pattern: Pattern,
-    pub depths: &'static [u32],
+    pub(crate) block: usize,
+    pub(crate) pattern: Pattern,
+    pub(crate) depths: &'static [u32],
 }
 
 /// The four workloads, in the order they run: reads first, so that a sweep
 /// whose sweep file cannot be created still finds the read caps.
-pub const WORKLOADS: [Workload; 4] = [
+pub(crate) const WORKLOADS: [Workload; 4] = [
     Workload {
         resource: Resource::ReadIops,
         block: BLOCK_SIZE,
@@ -101,7 +101,7 @@ pub const WORKLOADS: [Workload; 4] = [
 ];
 
 impl Workload {
-    pub fn writes(&self) -> bool {
+    pub(crate) fn writes(&self) -> bool {
         matches!(
             self.resource,
             Resource::WriteIops | Resource::WriteBytesPerSecond
@@ -109,7 +109,7 @@ impl Workload {
     }
 
     /// Whether the cap it finds is in bytes per second (else IOs per second).
-    pub fn in_bytes(&self) -> bool {
+    pub(crate) fn in_bytes(&self) -> bool {
         matches!(
             self.resource,
             Resource::ReadBytesPerSecond | Resource::WriteBytesPerSecond | Resource::BytesPerSecond
@@ -118,7 +118,7 @@ impl Workload {
 
     /// IOs per second in the unit of the workload's resource: the IOs are
     /// all `block` bytes, so bytes per second are IOPS × block.
-    pub fn in_unit(&self, iops: f64) -> f64 {
+    pub(crate) fn in_unit(&self, iops: f64) -> f64 {
         if self.in_bytes() {
             iops * self.block as f64
         } else {
@@ -127,17 +127,17 @@ impl Workload {
     }
 
     /// A depth point's rate in the unit of the workload's resource.
-    pub fn rate(&self, p: &DepthPoint) -> f64 {
+    pub(crate) fn rate(&self, p: &DepthPoint) -> f64 {
         self.in_unit(p.iops)
     }
 
     /// The plateau of `points`, in the unit of the workload's resource.
-    pub fn limit(&self, points: &[DepthPoint]) -> Option<f64> {
+    pub(crate) fn limit(&self, points: &[DepthPoint]) -> Option<f64> {
         detect(points).map(|iops| self.in_unit(iops))
     }
 
     /// What it finds, for reports: "write bandwidth".
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self.resource {
             Resource::ReadIops => "read IOPS",
             Resource::WriteIops => "write IOPS",
@@ -149,7 +149,7 @@ impl Workload {
     }
 
     /// What it does, for reports: "8 KiB O_DIRECT random reads".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let size = if self.block % (1 << 20) == 0 {
             format!("{} MiB", self.block >> 20)
         } else {
@@ -166,7 +166,7 @@ impl Workload {
 
 /// The workloads a sweep runs: all four with a sweep file, the reads only
 /// without one.
-pub fn planned(with_writes: bool) -> Vec<Workload> {
+pub(crate) fn planned(with_writes: bool) -> Vec<Workload> {
     WORKLOADS
         .into_iter()
         .filter(|w| with_writes || !w.writes())
@@ -175,12 +175,12 @@ pub fn planned(with_writes: bool) -> Vec<Workload> {
 
 /// Time of each depth: `duration` split evenly over every depth of every
 /// workload that runs. The last IOs of a depth still drain after it.
-pub fn depth_time(duration: Duration, workloads: &[Workload]) -> Duration {
+pub(crate) fn depth_time(duration: Duration, workloads: &[Workload]) -> Duration {
     duration / steps(workloads, |_| true).max(1) as u32
 }
 
 /// Share of a sweep's time that goes to its write workloads.
-pub fn write_fraction(workloads: &[Workload]) -> f64 {
+pub(crate) fn write_fraction(workloads: &[Workload]) -> f64 {
     let all = steps(workloads, |_| true);
     if all == 0 {
         0.0
@@ -191,7 +191,7 @@ pub fn write_fraction(workloads: &[Workload]) -> f64 {
 
 /// Bytes each write depth may write: [`MAX_WRITE_BYTES`] split evenly over
 /// the depths of the write workloads.
-pub fn write_share(workloads: &[Workload]) -> u64 {
+pub(crate) fn write_share(workloads: &[Workload]) -> u64 {
     MAX_WRITE_BYTES / steps(workloads, Workload::writes).max(1) as u64
 }
 
@@ -220,14 +220,14 @@ fn offset(pattern: Pattern, block: usize, blocks: u64, next: &mut u64, rng: &mut
 
 /// One workload's results.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Table {
+pub(crate) struct Table {
     #[serde(serialize_with = "resource_label")]
-    pub resource: Resource,
-    pub block_bytes: u64,
-    pub pattern: Pattern,
-    pub points: Vec<DepthPoint>,
+    pub(crate) resource: Resource,
+    pub(crate) block_bytes: u64,
+    pub(crate) pattern: Pattern,
+    pub(crate) points: Vec<DepthPoint>,
     /// The plateau, in the resource's unit (IOs or bytes per second).
-    pub detected: Option<f64>,
+    pub(crate) detected: Option<f64>,
 }
 
 fn resource_label<S: serde::Serializer>(r: &Resource, s: S) -> Result<S::Ok, S::Error> {
@@ -236,7 +236,7 @@ fn resource_label<S: serde::Serializer>(r: &Resource, s: S) -> Result<S::Ok, S::
 
 impl Table {
     /// The workload it measured (its depths are in the points).
-    pub fn workload(&self) -> Workload {
+    pub(crate) fn workload(&self) -> Workload {
         Workload {
             resource: self.resource,
             block: self.block_bytes as usize,
@@ -248,15 +248,15 @@ impl Table {
 
 /// A file the sweep does IO on: an `O_DIRECT` descriptor and its size.
 #[derive(Debug, Clone, Copy)]
-pub struct Target<'a> {
-    pub fd: BorrowedFd<'a>,
-    pub size: u64,
+pub(crate) struct Target<'a> {
+    pub(crate) fd: BorrowedFd<'a>,
+    pub(crate) size: u64,
 }
 
 /// Runs the sweep: the read workloads on `read` (the read probe file), the
 /// write workloads on `sweep` (the sweep file, opened for writing) when
 /// given. Stops early (returning what it has) when `stop` says so.
-pub fn run(
+pub(crate) fn run(
     read: Target<'_>,
     sweep: Option<Target<'_>>,
     duration: Duration,
@@ -312,7 +312,7 @@ pub fn run(
 /// for the sweep's seconds, not for the life of the volume. When the file
 /// cannot be made (no room above `reserve`, no `O_DIRECT`) `no_file` is told
 /// why and the reads run alone: the read caps are still worth finding.
-pub fn run_in(
+pub(crate) fn run_in(
     dir: &ProbeDir,
     read: &File,
     read_size: u64,
@@ -468,7 +468,7 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
 /// balance) lets the first IOs after an idle spell through at once: on a
 /// 10 MiB/s throttle, 0.57 s depths measured 11.7 MiB/s with the burst
 /// counted. The queue is also still filling then.
-pub const WARM_UP_SHARE: f64 = 0.25;
+pub(crate) const WARM_UP_SHARE: f64 = 0.25;
 
 /// Completions and their latencies.
 struct Counted {

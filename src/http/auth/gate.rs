@@ -19,13 +19,13 @@ use crate::exposition::http_auth::{AuthMetrics, Skipped};
 /// bcrypt checks running at once. Each one keeps a core busy for the whole
 /// hash (about 250 ms at cost 12): more than two would take every core of a
 /// small VM from the probes.
-pub const SLOTS: usize = 2;
+pub(crate) const SLOTS: usize = 2;
 
 /// Checks from addresses with recent failures running at once: one slot is
 /// always kept for addresses without failures, so a scraper with the right
 /// password waits for at most its own hash, whatever a flood from another
 /// address does.
-pub const SUSPECT_SLOTS: usize = SLOTS - 1;
+pub(crate) const SUSPECT_SLOTS: usize = SLOTS - 1;
 
 /// Checks waiting for a slot, all addresses together. More than the
 /// scrapers an exporter has (two Prometheus servers of an HA pair, a few
@@ -33,28 +33,28 @@ pub const SUSPECT_SLOTS: usize = SLOTS - 1;
 /// emptied the cache), few enough that the last of them, at cost 12, waits
 /// about 2 s (8 rounds of 2 checks at 250 ms): inside Prometheus's 10 s
 /// scrape timeout even at the highest cost accepted (14, about 1 s a check).
-pub const WAITING: usize = 16;
+pub(crate) const WAITING: usize = 16;
 
 /// Checks waiting from one client address (an IPv6 /64). A Prometheus
 /// server sends one scrape at a time per target and job; four leave room
 /// for a few jobs with different users, and stop one address from filling
 /// the queue.
-pub const PER_ADDRESS: usize = 4;
+pub(crate) const PER_ADDRESS: usize = 4;
 
 /// Client addresses whose failures are remembered. A flood from one
 /// address is one entry; when the table is full the address whose last
 /// failure is the oldest is forgotten first, so a steady flood keeps its
 /// entry unless someone cycles through more addresses than this, faster.
-pub const ADDRESSES: usize = 1024;
+pub(crate) const ADDRESSES: usize = 1024;
 
 /// A failure is forgotten this long after the address's last one: a
 /// scraper that was refused during a password change is not held back
 /// for long after.
-pub const FORGET: Duration = Duration::from_secs(15 * 60);
+pub(crate) const FORGET: Duration = Duration::from_secs(15 * 60);
 
 /// An overload is over, and its end logged, once no request has been
 /// refused for this long.
-pub const QUIET: Duration = Duration::from_secs(60);
+pub(crate) const QUIET: Duration = Duration::from_secs(60);
 
 const _: () = assert!(SUSPECT_SLOTS >= 1 && SUSPECT_SLOTS < SLOTS);
 
@@ -63,10 +63,10 @@ const _: () = assert!(SUSPECT_SLOTS >= 1 && SUSPECT_SLOTS < SLOTS);
 /// can pick any address in it). An IPv4 address mapped into IPv6 is the
 /// IPv4 address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClientKey(IpAddr);
+pub(crate) struct ClientKey(IpAddr);
 
 impl ClientKey {
-    pub fn of(ip: IpAddr) -> ClientKey {
+    pub(crate) fn of(ip: IpAddr) -> ClientKey {
         match ip {
             IpAddr::V4(a) => ClientKey(IpAddr::V4(a)),
             IpAddr::V6(a) => match a.to_ipv4_mapped() {
@@ -83,7 +83,7 @@ impl ClientKey {
 
     /// For a request that came without a peer address (not through the
     /// exporter's listeners): all such requests share one key.
-    pub fn unknown() -> ClientKey {
+    pub(crate) fn unknown() -> ClientKey {
         ClientKey(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
     }
 }
@@ -101,15 +101,15 @@ impl fmt::Display for ClientKey {
 /// failures of its address, read anew at every decision: an address that
 /// fails while its checks wait drops behind at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Queued {
-    pub key: ClientKey,
-    pub rank: u32,
+pub(crate) struct Queued {
+    pub(crate) key: ClientKey,
+    pub(crate) rank: u32,
     /// Arrival order.
-    pub seq: u64,
+    pub(crate) seq: u64,
 }
 
 /// Whether a check of `rank` may take a slot now.
-pub fn can_start(rank: u32, running: usize, running_suspect: usize) -> bool {
+pub(crate) fn can_start(rank: u32, running: usize, running_suspect: usize) -> bool {
     running < SLOTS && (rank == 0 || running_suspect < SUSPECT_SLOTS)
 }
 
@@ -117,7 +117,7 @@ pub fn can_start(rank: u32, running: usize, running_suspect: usize) -> bool {
 /// fewest recent failures, the earliest among equals. When that one may not
 /// start (a suspect while the suspect slots are taken), no other may
 /// either: every other ranks as high or higher.
-pub fn next(waiting: &[Queued], running: usize, running_suspect: usize) -> Option<usize> {
+pub(crate) fn next(waiting: &[Queued], running: usize, running_suspect: usize) -> Option<usize> {
     let (i, best) = waiting
         .iter()
         .enumerate()
@@ -127,7 +127,7 @@ pub fn next(waiting: &[Queued], running: usize, running_suspect: usize) -> Optio
 
 /// What to do with a check that cannot start at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     Wait,
     /// Wait, in place of the waiting check at this index, which is
     /// answered 503: the queue is full and that one ranks below.
@@ -136,7 +136,7 @@ pub enum Admit {
 }
 
 /// Whether a check from `key` of `rank` may join the queue `waiting`.
-pub fn admit(waiting: &[Queued], key: ClientKey, rank: u32) -> Admit {
+pub(crate) fn admit(waiting: &[Queued], key: ClientKey, rank: u32) -> Admit {
     if waiting.iter().filter(|q| q.key == key).count() >= PER_ADDRESS {
         return Admit::Refuse(Skipped::AddressBusy);
     }
@@ -162,21 +162,21 @@ struct Failed {
 
 /// Recent failures per client address, at most [`ADDRESSES`] of them.
 #[derive(Debug, Default)]
-pub struct Failures {
+pub(crate) struct Failures {
     map: HashMap<ClientKey, Failed>,
 }
 
 impl Failures {
     /// Recent failures of `key`: 0 for an address without any, or whose
     /// last one is older than [`FORGET`].
-    pub fn rank(&self, key: ClientKey, now: Instant) -> u32 {
+    pub(crate) fn rank(&self, key: ClientKey, now: Instant) -> u32 {
         match self.map.get(&key) {
             Some(f) if now.saturating_duration_since(f.last) < FORGET => f.count,
             _ => 0,
         }
     }
 
-    pub fn failed(&mut self, key: ClientKey, now: Instant) {
+    pub(crate) fn failed(&mut self, key: ClientKey, now: Instant) {
         if !self.map.contains_key(&key) && self.map.len() >= ADDRESSES {
             self.map
                 .retain(|_, f| now.saturating_duration_since(f.last) < FORGET);
@@ -198,11 +198,11 @@ impl Failures {
     }
 
     /// The right password came from `key`: its failures are forgiven.
-    pub fn succeeded(&mut self, key: ClientKey) {
+    pub(crate) fn succeeded(&mut self, key: ClientKey) {
         self.map.remove(&key);
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 }
@@ -211,21 +211,26 @@ impl Failures {
 /// first refusal until [`QUIET`] passes without one, logged when it starts
 /// (then again every `events::LOG_REPEAT` while it lasts) and when it ends.
 #[derive(Debug, Default)]
-pub struct Overload {
+pub(crate) struct Overload {
     incidents: Incidents<(), ()>,
     span: Option<(Instant, Instant)>,
 }
 
 /// What to log about an overload.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OverloadLog {
+pub(crate) enum OverloadLog {
     Began { key: ClientKey, why: Skipped },
     Goes { refused: u64 },
     Ended { refused: u64, lasted: Duration },
 }
 
 impl Overload {
-    pub fn refused(&mut self, key: ClientKey, why: Skipped, now: Instant) -> Option<OverloadLog> {
+    pub(crate) fn refused(
+        &mut self,
+        key: ClientKey,
+        why: Skipped,
+        now: Instant,
+    ) -> Option<OverloadLog> {
         let first = self.span.map_or(now, |(first, _)| first);
         self.span = Some((first, now));
         match self.incidents.failed((), (), now) {
@@ -237,7 +242,7 @@ impl Overload {
 
     /// Called as checks come and go: the end, once [`QUIET`] has passed
     /// since the last refusal.
-    pub fn tick(&mut self, now: Instant) -> Option<OverloadLog> {
+    pub(crate) fn tick(&mut self, now: Instant) -> Option<OverloadLog> {
         let (first, last) = self.span?;
         if now.saturating_duration_since(last) < QUIET {
             return None;
@@ -303,7 +308,7 @@ impl State {
 /// The one queue of the process: it outlives reloads of the users, so a
 /// reload neither doubles the checks running at once nor forgets who
 /// failed.
-pub struct Gate {
+pub(crate) struct Gate {
     state: Mutex<State>,
     metrics: AuthMetrics,
 }
@@ -321,7 +326,7 @@ impl fmt::Debug for Gate {
 
 /// The right to run one bcrypt check. Dropped (with or without
 /// [`Slot::finish`]), it frees the slot for the next waiting check.
-pub struct Slot {
+pub(crate) struct Slot {
     gate: Option<Arc<Gate>>,
     key: ClientKey,
     suspect: bool,
@@ -339,7 +344,7 @@ impl fmt::Debug for Slot {
 impl Slot {
     /// The check ran: counts it, remembers a failure of (or forgives) the
     /// address, and frees the slot.
-    pub fn finish(mut self, success: bool) {
+    pub(crate) fn finish(mut self, success: bool) {
         if let Some(gate) = self.gate.take() {
             gate.metrics.checked(success);
             gate.release(self.key, self.suspect, Some(success));
@@ -347,7 +352,7 @@ impl Slot {
     }
 
     /// The check did not run because its client had gone.
-    pub fn abandon(mut self) {
+    pub(crate) fn abandon(mut self) {
         if let Some(gate) = self.gate.take() {
             gate.metrics.skipped(Skipped::ClientGone);
             gate.release(self.key, self.suspect, None);
@@ -395,7 +400,7 @@ impl Drop for Place<'_> {
 }
 
 impl Gate {
-    pub fn new(metrics: AuthMetrics) -> Gate {
+    pub(crate) fn new(metrics: AuthMetrics) -> Gate {
         metrics.init();
         Gate {
             state: Mutex::new(State::default()),
@@ -412,7 +417,7 @@ impl Gate {
     /// Waits for a slot for a check from `key`, or refuses at once. The
     /// returned future may be dropped at any point: the place in the queue
     /// goes with it.
-    pub async fn enter(self: &Arc<Self>, key: ClientKey) -> Result<Slot, Skipped> {
+    pub(crate) async fn enter(self: &Arc<Self>, key: ClientKey) -> Result<Slot, Skipped> {
         let now = Instant::now();
         let (seq, rx, bumped, refused, ended) = {
             let mut s = self.lock();
@@ -479,7 +484,7 @@ impl Gate {
     /// Logs the end of an overload that has passed, for a request that
     /// needs no check (a cached password): without it, the end would wait
     /// for the next uncached check.
-    pub fn tick(&self) {
+    pub(crate) fn tick(&self) {
         let ended = self.lock().overload.tick(Instant::now());
         log(ended);
     }

@@ -22,15 +22,15 @@ use crate::types::Resource;
 /// Limits for one device; `None` is unlimited (`max`, or absent).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
-    pub read_iops: Option<u64>,
-    pub write_iops: Option<u64>,
-    pub read_bps: Option<u64>,
-    pub write_bps: Option<u64>,
+    pub(crate) read_iops: Option<u64>,
+    pub(crate) write_iops: Option<u64>,
+    pub(crate) read_bps: Option<u64>,
+    pub(crate) write_bps: Option<u64>,
 }
 
 impl Limits {
     /// The tighter of two limits, field by field.
-    pub fn tighten(self, o: Limits) -> Limits {
+    pub(crate) fn tighten(self, o: Limits) -> Limits {
         fn min(a: Option<u64>, b: Option<u64>) -> Option<u64> {
             match (a, b) {
                 (Some(x), Some(y)) => Some(x.min(y)),
@@ -46,12 +46,8 @@ impl Limits {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        *self == Limits::default()
-    }
-
     /// (resource, value) of every limit that is set.
-    pub fn resources(&self) -> Vec<(Resource, u64)> {
+    pub(crate) fn resources(&self) -> Vec<(Resource, u64)> {
         [
             (Resource::ReadIops, self.read_iops),
             (Resource::WriteIops, self.write_iops),
@@ -67,10 +63,10 @@ impl Limits {
 /// Cumulative IO done by a cgroup on one device.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counters {
-    pub read_ios: u64,
-    pub write_ios: u64,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
+    pub(crate) read_ios: u64,
+    pub(crate) write_ios: u64,
+    pub(crate) read_bytes: u64,
+    pub(crate) write_bytes: u64,
 }
 
 /// `MAJ:MIN`, as cgroup files name a device.
@@ -223,8 +219,8 @@ pub fn parse_pressure(text: &str) -> Result<BTreeMap<&'static str, f64>, String>
 /// and the v1 blkio path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ProcCgroups {
-    pub v2: Option<String>,
-    pub blkio: Option<String>,
+    pub(crate) v2: Option<String>,
+    pub(crate) blkio: Option<String>,
 }
 
 /// Parsed with procfs's `ProcessCGroups`, which reads the same
@@ -245,13 +241,13 @@ pub fn parse_proc_cgroup(text: &str) -> Result<ProcCgroups, String> {
 
 /// Which reader a cgroup is read with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Version {
+pub(crate) enum Version {
     V1,
     V2,
 }
 
 impl Version {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Version::V1 => "v1",
             Version::V2 => "v2",
@@ -262,28 +258,28 @@ impl Version {
 /// A cgroup directory to read, with the directories above it up to the
 /// hierarchy's root.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Located {
-    pub version: Version,
+pub(crate) struct Located {
+    pub(crate) version: Version,
     /// The cgroup as the kernel names it ("/system.slice/postgresql.service").
-    pub path: String,
+    pub(crate) path: String,
     /// Its directory, then each parent up to and including the root.
-    pub dirs: Vec<PathBuf>,
+    pub(crate) dirs: Vec<PathBuf>,
 }
 
 /// The hierarchies found under `cgroup_root`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// The v2 tree's root, when its root cgroup offers the io controller.
-    pub v2_io: Option<PathBuf>,
+    pub(crate) v2_io: Option<PathBuf>,
     /// The v1 blkio hierarchy.
-    pub blkio: Option<PathBuf>,
+    pub(crate) blkio: Option<PathBuf>,
 }
 
 /// Which hierarchies `root` (normally /sys/fs/cgroup) holds. `Ok(None)` for
 /// an empty directory: that is how cgroup reading is turned off. A root
 /// that is missing, or holds files but no hierarchy, is an error: the
 /// limits are unknown, not absent.
-pub fn detect(root: &Path) -> Result<Option<Layout>, ReadError> {
+pub(crate) fn detect(root: &Path) -> Result<Option<Layout>, ReadError> {
     let meta = std::fs::metadata(root).map_err(|e| ReadError::io(Kind::CgroupLimits, root, e))?;
     if !meta.is_dir() {
         return Err(ReadError::io(
@@ -327,7 +323,7 @@ impl Layout {
     /// Where a process's IO limits live: the v2 tree if it has the io
     /// controller, else v1 blkio. `None` when the process's cgroup is not
     /// in the tree (see [`chain`]).
-    pub fn locate(&self, cg: &ProcCgroups) -> Option<Located> {
+    pub(crate) fn locate(&self, cg: &ProcCgroups) -> Option<Located> {
         if let (Some(v2r), Some(p)) = (&self.v2_io, &cg.v2) {
             let dirs = chain(v2r, p);
             if !dirs.is_empty() {
@@ -353,7 +349,7 @@ impl Layout {
 }
 
 /// [`detect`] then [`Layout::locate`].
-pub fn locate(root: &Path, cg: &ProcCgroups) -> Result<Option<Located>, ReadError> {
+pub(crate) fn locate(root: &Path, cg: &ProcCgroups) -> Result<Option<Located>, ReadError> {
     Ok(detect(root)?.and_then(|l| l.locate(cg)))
 }
 
@@ -402,7 +398,7 @@ fn read_parsed<T>(
 /// The tightest limits on `dev` (MAJ:MIN) along the located path. One
 /// level that cannot be read makes the whole answer unknown: a looser limit
 /// from another level would pass for the one in force.
-pub fn effective_limits(loc: &Located, dev: &str) -> Result<Limits, ReadError> {
+pub(crate) fn effective_limits(loc: &Located, dev: &str) -> Result<Limits, ReadError> {
     let mut l = Limits::default();
     for d in &loc.dirs {
         let here = match loc.version {
@@ -437,7 +433,7 @@ pub fn effective_limits(loc: &Located, dev: &str) -> Result<Limits, ReadError> {
 
 /// The cgroup's own cumulative IO on `dev`; `Ok(None)` when there is no
 /// figure (not a zero rate).
-pub fn counters(loc: &Located, dev: &str) -> Result<Option<Counters>, ReadError> {
+pub(crate) fn counters(loc: &Located, dev: &str) -> Result<Option<Counters>, ReadError> {
     let Some(d) = loc.dirs.first() else {
         return Ok(None);
     };
@@ -479,7 +475,7 @@ pub fn counters(loc: &Located, dev: &str) -> Result<Option<Counters>, ReadError>
 /// only one in its `cgroup.procs`, and in v2, whose io.stat also counts the
 /// cgroup's descendants, none below it either. Anything unreadable counts
 /// as not alone: then the counters cannot be attributed to the exporter.
-pub fn alone(loc: &Located, pid: u32) -> bool {
+pub(crate) fn alone(loc: &Located, pid: u32) -> bool {
     fn only(dir: &Path, pid: u32, recurse: bool) -> bool {
         let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) else {
             return false;
@@ -504,7 +500,7 @@ pub fn alone(loc: &Located, pid: u32) -> bool {
 }
 
 /// PSI stall totals of the cgroup (v2 only).
-pub fn pressure(loc: &Located) -> Result<BTreeMap<&'static str, f64>, ReadError> {
+pub(crate) fn pressure(loc: &Located) -> Result<BTreeMap<&'static str, f64>, ReadError> {
     let (Version::V2, Some(d)) = (loc.version, loc.dirs.first()) else {
         return Ok(BTreeMap::new());
     };

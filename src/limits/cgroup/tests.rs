@@ -119,7 +119,7 @@ fn same_fixture_same_limits_through_v1_and_v2() {
     assert_eq!(effective_limits(&loc1, "259:0").unwrap(), WANT);
     assert_eq!(counters(&loc1, "259:0").unwrap(), Some(COUNTS));
     // 8:0 has "0" in v1 (no limit) and riops=7 only in the v2 fixture.
-    assert!(effective_limits(&loc1, "8:0").unwrap().is_empty());
+    assert_eq!(effective_limits(&loc1, "8:0").unwrap(), Limits::default());
     assert_eq!(effective_limits(&loc, "8:0").unwrap().read_iops, Some(7));
 }
 
@@ -159,7 +159,7 @@ fn root_and_unlimited_cgroups_have_no_limits() {
     };
     let loc = locate(root.path(), &at_root).unwrap().unwrap();
     assert_eq!(loc.dirs, vec![root.path().to_path_buf()]);
-    assert!(effective_limits(&loc, "259:0").unwrap().is_empty());
+    assert_eq!(effective_limits(&loc, "259:0").unwrap(), Limits::default());
     // An empty root (cgroup reading disabled) locates nothing.
     let empty = tempfile::tempdir().unwrap();
     assert_eq!(locate(empty.path(), &at_root).unwrap(), None);

@@ -28,15 +28,15 @@ use page::{Bin, Page};
 /// The page is read at most this often, whatever `limits_interval` says:
 /// the counters move in microseconds but a Get Log Page is an admin
 /// command on the volume's controller, not free.
-pub const MIN_PERIOD: Duration = Duration::from_secs(1);
+pub(crate) const MIN_PERIOD: Duration = Duration::from_secs(1);
 
 /// The model string of EBS controllers (space-padded in sysfs).
-pub const EBS_MODEL: &str = "Amazon Elastic Block Store";
+pub(crate) const EBS_MODEL: &str = "Amazon Elastic Block Store";
 
 /// The testing-only environment variable naming a directory of fixture
 /// pages (`nvme0.bin`, ...; `nvme0.status` with an NVMe status instead)
 /// that replace the ioctl. Documented for contributors, not users.
-pub const FIXTURE_ENV: &str = "PGSE_TEST_EBS_LOG_PAGES";
+pub(crate) const FIXTURE_ENV: &str = "PGSE_TEST_EBS_LOG_PAGES";
 
 /// How a read failed.
 #[derive(Debug)]
@@ -77,7 +77,7 @@ impl LogPageSource for DeviceSource {
 /// an NVMe status, else `<ctrl>.bin` is the page (a missing file is the
 /// ENOENT of a missing device node).
 #[derive(Debug)]
-pub struct FileSource(pub PathBuf);
+pub(crate) struct FileSource(pub(crate) PathBuf);
 
 impl LogPageSource for FileSource {
     fn read(&self, ctrl: &str) -> Result<Vec<u8>, ReadFailure> {
@@ -95,7 +95,7 @@ impl LogPageSource for FileSource {
 
 /// The source the daemon uses: fixture pages when [`FIXTURE_ENV`] is set
 /// (tests only), else the device.
-pub fn source() -> std::sync::Arc<dyn LogPageSource> {
+pub(crate) fn source() -> std::sync::Arc<dyn LogPageSource> {
     match std::env::var_os(FIXTURE_ENV) {
         Some(d) if !d.is_empty() => std::sync::Arc::new(FileSource(PathBuf::from(d))),
         _ => std::sync::Arc::new(DeviceSource),
@@ -115,7 +115,7 @@ pub struct Controller {
 
 /// `vol0123...` (how the controller's serial spells it) → `vol-0123...`;
 /// `None` for a serial that is not a volume id.
-pub fn volume_id(serial: &str) -> Option<String> {
+pub(crate) fn volume_id(serial: &str) -> Option<String> {
     let s = serial.trim();
     let rest = s.strip_prefix("vol")?;
     let rest = rest.strip_prefix('-').unwrap_or(rest);
@@ -195,18 +195,18 @@ fn is_namespace(ctrl: &str, entry: &str) -> bool {
 
 /// A watched volume on an EBS controller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Joined {
-    pub volume: String,
-    pub controller: String,
-    pub ebs_volume_id: String,
+pub(crate) struct Joined {
+    pub(crate) volume: String,
+    pub(crate) controller: String,
+    pub(crate) ebs_volume_id: String,
     /// The namespace block device (`nvme1n1`).
-    pub device: String,
+    pub(crate) device: String,
 }
 
 /// Joins volumes to controllers by their whole disk's `MAJ:MIN` (a
 /// partition already maps to its parent disk). A volume on device-mapper or
 /// md over EBS has a whole disk of its own (`dm-0`) and joins nothing.
-pub fn join(volumes: &[VolumeInput], ctrls: &[Controller]) -> Vec<Joined> {
+pub(crate) fn join(volumes: &[VolumeInput], ctrls: &[Controller]) -> Vec<Joined> {
     let mut out = Vec::new();
     for v in volumes {
         let Ok(disk) = &v.disk else { continue };
@@ -226,7 +226,7 @@ pub fn join(volumes: &[VolumeInput], ctrls: &[Controller]) -> Vec<Joined> {
 
 /// Why the statistics are not available: the `reason` label, a fixed set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Reason {
+pub(crate) enum Reason {
     /// Every EBS controller behind a watched volume was read.
     Ok,
     /// No watched volume is on an EBS controller (other hardware, or a
@@ -244,7 +244,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Reason::Ok => "ok",
             Reason::NoEbsDevice => "no_ebs_device",
@@ -259,8 +259,8 @@ impl Reason {
 /// A failed read of one controller: the reason label and what to log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
-    pub reason: Reason,
-    pub detail: String,
+    pub(crate) reason: Reason,
+    pub(crate) detail: String,
 }
 
 /// Classifies a source's failure or a parse failure.
@@ -310,13 +310,13 @@ pub fn classify(r: Result<Vec<u8>, ReadFailure>) -> Result<Page, Failure> {
 /// base, as Prometheus' `rate()` would on a reset, so the exported total
 /// never goes backwards.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Monotonic {
+pub(crate) struct Monotonic {
     base: u64,
     last: u64,
 }
 
 impl Monotonic {
-    pub fn update(&mut self, raw: u64) -> u64 {
+    pub(crate) fn update(&mut self, raw: u64) -> u64 {
         if raw < self.last {
             self.base = self.base.saturating_add(self.last);
         }
@@ -329,31 +329,31 @@ impl Monotonic {
 /// upper bound in seconds, ending with `+Inf` (0: the device's last bin is
 /// its own upper bound), the total count, and the sum.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    pub buckets: Vec<(f64, u64)>,
-    pub count: u64,
-    pub sum_seconds: f64,
+pub(crate) struct Histogram {
+    pub(crate) buckets: Vec<(f64, u64)>,
+    pub(crate) count: u64,
+    pub(crate) sum_seconds: f64,
 }
 
 /// One watched volume's figures, monotonic, in exported units.
 #[derive(Debug, Clone, PartialEq)]
-pub struct VolumeStats {
-    pub volume: String,
-    pub ebs_volume_id: String,
-    pub device: String,
+pub(crate) struct VolumeStats {
+    pub(crate) volume: String,
+    pub(crate) ebs_volume_id: String,
+    pub(crate) device: String,
     /// The ten totals of [`page::Counters::totals`], in page order, raw
     /// units (ops, bytes, µs).
-    pub totals: [u64; 10],
-    pub queue_length: u64,
-    pub read_latency: Histogram,
-    pub write_latency: Histogram,
+    pub(crate) totals: [u64; 10],
+    pub(crate) queue_length: u64,
+    pub(crate) read_latency: Histogram,
+    pub(crate) write_latency: Histogram,
 }
 
 /// What the latest pass found.
 #[derive(Debug, Clone, PartialEq)]
-pub struct EbsSnapshot {
-    pub reason: Reason,
-    pub volumes: Vec<VolumeStats>,
+pub(crate) struct EbsSnapshot {
+    pub(crate) reason: Reason,
+    pub(crate) volumes: Vec<VolumeStats>,
 }
 
 /// Per-controller state kept between reads.
@@ -419,14 +419,14 @@ impl Track {
 /// A log line for the caller to emit (kept apart from `tracing` so tests
 /// can count them).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Log {
+pub(crate) enum Log {
     Warn(String),
     Info(String),
 }
 
 /// The EBS reader: state between passes.
 #[derive(Debug, Default)]
-pub struct Reader {
+pub(crate) struct Reader {
     last: Option<(Instant, EbsSnapshot)>,
     /// EBS volume id → monotonic state.
     tracks: BTreeMap<String, Track>,
@@ -437,7 +437,7 @@ pub struct Reader {
 impl Reader {
     /// One pass: the snapshot to export and the lines to log. Within
     /// [`MIN_PERIOD`] of the last read it returns the last snapshot.
-    pub fn pass(
+    pub(crate) fn pass(
         &mut self,
         sys_root: &Path,
         src: &dyn LogPageSource,

@@ -19,11 +19,11 @@
 use std::fmt;
 
 /// The page's magic for EBS volumes.
-pub const EBS_MAGIC: u32 = 0x3C23_B510;
+pub(crate) const EBS_MAGIC: u32 = 0x3C23_B510;
 /// Bytes the page must have: the end of the write histogram's 64 bins.
-pub const MIN_LEN: usize = WRITE_HIST + 8 + MAX_BINS * BIN_LEN;
+pub(crate) const MIN_LEN: usize = WRITE_HIST + 8 + MAX_BINS * BIN_LEN;
 /// Bins a histogram has room for.
-pub const MAX_BINS: usize = 64;
+pub(crate) const MAX_BINS: usize = 64;
 const BIN_LEN: usize = 24;
 const COUNTERS: usize = 8;
 const READ_HIST: usize = 512;
@@ -56,7 +56,7 @@ pub struct Counters {
 impl Counters {
     /// The ten totals (not the queue length, a point-in-time gauge), in
     /// page order.
-    pub fn totals(&self) -> [u64; 10] {
+    pub(crate) fn totals(&self) -> [u64; 10] {
         [
             self.read_ops,
             self.write_ops,

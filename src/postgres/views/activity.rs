@@ -23,11 +23,11 @@ use crate::postgres::db::{Db, QResult};
 
 /// One sample of pg_stat_activity.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct WaitSample {
+pub(crate) struct WaitSample {
     /// Backends waiting right now, by (wait_event_type, wait_event).
-    pub waiting: Vec<(String, String, i64)>,
+    pub(crate) waiting: Vec<(String, String, i64)>,
     /// Backends whose wait state this role may not see.
-    pub hidden: u64,
+    pub(crate) hidden: u64,
 }
 
 /// Backends waiting right now, by (wait_event_type, wait_event), and the
@@ -57,7 +57,7 @@ const SQL: &str = "SELECT CASE WHEN backend_type IS NOT NULL THEN wait_event_typ
 const SQL_SEES_ALL: &str = "SELECT pg_has_role(current_user, 'pg_read_all_stats', 'USAGE')";
 
 /// Takes one sample (the query and its hidden rows: `SQL`).
-pub async fn sample(c: Db<'_>) -> QResult<WaitSample> {
+pub(crate) async fn sample(c: Db<'_>) -> QResult<WaitSample> {
     let rows = c.query(SQL, &[]).await?;
     let mut sample = WaitSample::default();
     for r in &rows {
@@ -73,13 +73,13 @@ pub async fn sample(c: Db<'_>) -> QResult<WaitSample> {
 }
 
 /// Whether this role sees every backend (see `SQL_SEES_ALL`).
-pub async fn sees_all_backends(c: Db<'_>) -> QResult<bool> {
+pub(crate) async fn sees_all_backends(c: Db<'_>) -> QResult<bool> {
     let row = c.query_one(SQL_SEES_ALL, &[]).await?;
     Ok(row.try_get(0)?)
 }
 
 /// Distinct (type, event) pairs kept per cluster.
-pub const MAX_EVENTS: usize = 400;
+pub(crate) const MAX_EVENTS: usize = 400;
 
 const TYPES: &[&str] = &[
     "Activity",
@@ -95,15 +95,15 @@ const TYPES: &[&str] = &[
 ];
 
 #[derive(Debug, Clone, Default)]
-pub struct WaitTotals {
+pub(crate) struct WaitTotals {
     /// Backend-seconds per (wait_event_type, wait_event).
-    pub seconds: BTreeMap<(String, String), f64>,
+    pub(crate) seconds: BTreeMap<(String, String), f64>,
     /// Backends waiting in the latest sample, per wait_event_type.
-    pub now: BTreeMap<String, u64>,
+    pub(crate) now: BTreeMap<String, u64>,
     /// Backends whose wait state the role could not see in the latest
     /// sample (see `SQL`); `None` before the first sample of a
     /// session.
-    pub hidden: Option<u64>,
+    pub(crate) hidden: Option<u64>,
     last: Option<Instant>,
 }
 
@@ -112,7 +112,7 @@ impl WaitTotals {
     /// the previous sample, capped at twice the sampling interval so that a
     /// gap (server down, exporter paused) is not charged to whatever waits
     /// right after it; the first sample counts one interval.
-    pub fn add(&mut self, at: Instant, interval: Duration, rows: &[(String, String, i64)]) {
+    pub(crate) fn add(&mut self, at: Instant, interval: Duration, rows: &[(String, String, i64)]) {
         let dt = match self.last {
             Some(prev) => at.saturating_duration_since(prev).min(interval * 2),
             None => interval,
@@ -142,7 +142,7 @@ impl WaitTotals {
 
     /// Forgets the sampling clock (after an outage), keeping the totals:
     /// they are counters and must not go backwards.
-    pub fn pause(&mut self) {
+    pub(crate) fn pause(&mut self) {
         self.last = None;
         self.hidden = None;
         for v in self.now.values_mut() {
@@ -151,7 +151,7 @@ impl WaitTotals {
     }
 }
 
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     // Counters: kept across an outage, so they never go backwards.
     families::counter(
         enc,

@@ -16,18 +16,18 @@ use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
 use super::cluster_counter;
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Checkpoints {
-    pub timed: Option<f64>,
-    pub requested: Option<f64>,
-    pub write_seconds: Option<f64>,
-    pub sync_seconds: Option<f64>,
-    pub buffers_written: Option<f64>,
-    pub bgwriter_buffers_clean: Option<f64>,
-    pub bgwriter_maxwritten_clean: Option<f64>,
-    pub buffers_alloc: Option<f64>,
+pub(crate) struct Checkpoints {
+    pub(crate) timed: Option<f64>,
+    pub(crate) requested: Option<f64>,
+    pub(crate) write_seconds: Option<f64>,
+    pub(crate) sync_seconds: Option<f64>,
+    pub(crate) buffers_written: Option<f64>,
+    pub(crate) bgwriter_buffers_clean: Option<f64>,
+    pub(crate) bgwriter_maxwritten_clean: Option<f64>,
+    pub(crate) buffers_alloc: Option<f64>,
     /// Up to 16 only: writes and fsyncs backends had to do themselves.
-    pub backend_buffers_written: Option<f64>,
-    pub backend_fsyncs: Option<f64>,
+    pub(crate) backend_buffers_written: Option<f64>,
+    pub(crate) backend_fsyncs: Option<f64>,
 }
 
 /// 14 to 16: everything in pg_stat_bgwriter.
@@ -46,7 +46,7 @@ const SQL_BGWRITER_17: &str = "SELECT buffers_clean::float8, maxwritten_clean::f
 
 /// Where a server version keeps its checkpoint statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// Before 14: not read (see `version::OLDEST`).
     None,
     /// 14 to 16.
@@ -55,7 +55,7 @@ pub enum Source {
     Checkpointer,
 }
 
-pub fn source(version: u32) -> Source {
+pub(crate) fn source(version: u32) -> Source {
     if version < super::version::OLDEST {
         Source::None
     } else if version < 17_00_00 {
@@ -67,7 +67,7 @@ pub fn source(version: u32) -> Source {
 
 /// Checkpoint and background writer statistics; `None` on a server older
 /// than 14.
-pub async fn read(c: Db<'_>, version: u32) -> QResult<Option<Checkpoints>> {
+pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<Checkpoints>> {
     let ms = ms_to_seconds;
     match source(version) {
         Source::None => Ok(None),
@@ -159,7 +159,7 @@ fn checkpoints(c: &ClusterSnapshot) -> Option<&Checkpoints> {
     c.stats.as_ref()?.checkpoints.as_ref()
 }
 
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     for k in COUNTERS {
         cluster_counter(enc, k.base, k.help, clusters, |c| (k.get)(checkpoints(c)?))?;
     }

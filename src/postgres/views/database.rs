@@ -19,11 +19,11 @@ use crate::postgres::db::{Db, QResult, float};
 use super::cluster_counter;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Transactions {
-    pub commits: Option<f64>,
-    pub rollbacks: Option<f64>,
+pub(crate) struct Transactions {
+    pub(crate) commits: Option<f64>,
+    pub(crate) rollbacks: Option<f64>,
     /// The next transaction id to be assigned; None in recovery.
-    pub next_xid: Option<f64>,
+    pub(crate) next_xid: Option<f64>,
 }
 
 const SQL: &str = "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8, \
@@ -31,7 +31,7 @@ const SQL: &str = "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8, 
      ELSE pg_snapshot_xmax(pg_current_snapshot())::text::float8 END \
      FROM pg_stat_database";
 
-pub async fn read(c: Db<'_>) -> QResult<Transactions> {
+pub(crate) async fn read(c: Db<'_>) -> QResult<Transactions> {
     let r = c.query_one(SQL, &[]).await?;
     Ok(Transactions {
         commits: float(&r, 0),
@@ -44,7 +44,7 @@ fn transactions(c: &ClusterSnapshot) -> Option<&Transactions> {
     c.stats.as_ref()?.transactions.as_ref()
 }
 
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     cluster_counter(
         enc,
         "pgstorage_pg_commits",

@@ -12,21 +12,21 @@ use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
 
 /// One row of pg_stat_io.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct IoRow {
-    pub backend_type: String,
-    pub object: String,
-    pub context: String,
+pub(crate) struct IoRow {
+    pub(crate) backend_type: String,
+    pub(crate) object: String,
+    pub(crate) context: String,
     /// read, write, writeback, extend, hit, eviction, reuse, fsync.
-    pub ops: Vec<IoOp>,
+    pub(crate) ops: Vec<IoOp>,
 }
 
 /// One op column group of a pg_stat_io row.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct IoOp {
-    pub op: &'static str,
-    pub count: Option<f64>,
-    pub seconds: Option<f64>,
-    pub bytes: Option<f64>,
+pub(crate) struct IoOp {
+    pub(crate) op: &'static str,
+    pub(crate) count: Option<f64>,
+    pub(crate) seconds: Option<f64>,
+    pub(crate) bytes: Option<f64>,
 }
 
 fn op(op: &'static str, count: Option<f64>, seconds: Option<f64>, bytes: Option<f64>) -> IoOp {
@@ -40,7 +40,7 @@ fn op(op: &'static str, count: Option<f64>, seconds: Option<f64>, bytes: Option<
 
 /// The query for a server version; `None` before 16, which has no
 /// pg_stat_io. Columns 16, 17 and 18 are the read, write and extend bytes.
-pub fn sql(version: u32) -> Option<String> {
+pub(crate) fn sql(version: u32) -> Option<String> {
     if version < 16_00_00 {
         return None;
     }
@@ -59,7 +59,7 @@ pub fn sql(version: u32) -> Option<String> {
 }
 
 /// The rows of pg_stat_io; `None` on a server without it.
-pub async fn read(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>> {
+pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>> {
     let Some(sql) = sql(version) else {
         return Ok(None);
     };
@@ -92,12 +92,12 @@ pub async fn read(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>> {
 /// pg_stat_io's shared-buffer columns: a hit never reaches the storage, an
 /// eviction or a reuse is the buffer pool making room (its write, if any,
 /// is already counted under `write`).
-pub const BUFFER_OPS: [&str; 3] = ["hit", "eviction", "reuse"];
+pub(crate) const BUFFER_OPS: [&str; 3] = ["hit", "eviction", "reuse"];
 
 /// Removes the [`BUFFER_OPS`] from every row (`--collector.postgres.io.buffers`
 /// off). Done before [`drop_zero_rows`], so a row whose only activity is
 /// buffer hits counts as all zero.
-pub fn drop_buffer_ops(rows: &mut [IoRow]) {
+pub(crate) fn drop_buffer_ops(rows: &mut [IoRow]) {
     for r in rows {
         r.ops.retain(|o| !BUFFER_OPS.contains(&o.op));
     }
@@ -111,7 +111,7 @@ pub fn drop_buffer_ops(rows: &mut [IoRow]) {
 /// three in four rows are such on a server under pgbench. A row reappears
 /// with its first non-zero counter; counters only grow (until
 /// pg_stat_reset_shared), so a row, once shown, stays.
-pub fn drop_zero_rows(mut rows: Vec<IoRow>) -> Vec<IoRow> {
+pub(crate) fn drop_zero_rows(mut rows: Vec<IoRow>) -> Vec<IoRow> {
     rows.retain(|r| {
         r.ops.iter().any(|o| {
             [o.count, o.seconds, o.bytes]
@@ -125,7 +125,7 @@ pub fn drop_zero_rows(mut rows: Vec<IoRow>) -> Vec<IoRow> {
 /// With timing off PostgreSQL reports 0 ms, not NULL: drop those times so
 /// they are absent rather than a false zero. WAL rows follow
 /// track_wal_io_timing, all others track_io_timing.
-pub fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) -> Vec<IoRow> {
+pub(crate) fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) -> Vec<IoRow> {
     for r in &mut rows {
         let timed = if r.object == "wal" {
             wal_timing
@@ -146,7 +146,7 @@ pub fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: bool) ->
 /// [`families::counter_lines`], not through the scrape's encoder: with
 /// every row and op these are most of a large scrape's series, and each
 /// row's four labels are rendered once for its up to 24 samples.
-pub fn encode_lines(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
+pub(crate) fn encode_lines(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
     if clusters.is_empty() {
         return;
     }

@@ -21,15 +21,15 @@
 //! series right now" from "not a metric of this build"; with no cluster
 //! configured none is written.
 
-pub mod activity;
-pub mod checkpoints;
-pub mod database;
-pub mod io;
-pub mod round_trip;
-pub mod settings;
-pub mod tablespaces;
-pub mod version;
-pub mod wal;
+pub(crate) mod activity;
+pub(crate) mod checkpoints;
+pub(crate) mod database;
+pub(crate) mod io;
+pub(crate) mod round_trip;
+pub(crate) mod settings;
+pub(crate) mod tablespaces;
+pub(crate) mod version;
+pub(crate) mod wal;
 
 use std::fmt;
 
@@ -38,7 +38,7 @@ use crate::families::{self, Encoder};
 use super::ClusterSnapshot;
 
 /// Writes the PostgreSQL families of all clusters.
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     if clusters.is_empty() {
         return Ok(());
     }

@@ -28,11 +28,11 @@ use crate::families::Encoder;
 /// Round trips per scrape; the fastest counts. Back to back, so the later
 /// ones find the connection, the backend and the CPU awake, as a client
 /// that keeps committing does.
-pub const TRIES: usize = 5;
+pub(crate) const TRIES: usize = 5;
 
 /// Whether the session reaches the server over a Unix-domain socket
 /// (`inet_client_addr()` is NULL) or a loopback address.
-pub async fn local(c: Db<'_>) -> QResult<bool> {
+pub(crate) async fn local(c: Db<'_>) -> QResult<bool> {
     let row = c
         .query_one(
             "SELECT coalesce(inet_client_addr() <<= '127.0.0.0/8'::inet \
@@ -44,7 +44,7 @@ pub async fn local(c: Db<'_>) -> QResult<bool> {
 }
 
 /// The fastest of [`TRIES`] round trips of `SELECT 1`, in seconds.
-pub async fn read(c: Db<'_>) -> QResult<f64> {
+pub(crate) async fn read(c: Db<'_>) -> QResult<f64> {
     let mut best = f64::INFINITY;
     for _ in 0..TRIES {
         let t = Instant::now();
@@ -55,7 +55,7 @@ pub async fn read(c: Db<'_>) -> QResult<f64> {
 }
 
 /// `pgstorage_pg_round_trip_seconds`.
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     cluster_gauge(
         enc,
         "pgstorage_pg_round_trip_seconds",

@@ -11,23 +11,23 @@ use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult};
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct Setting {
-    pub name: String,
-    pub value: String,
+pub(crate) struct Setting {
+    pub(crate) name: String,
+    pub(crate) value: String,
     /// In base units (bytes, seconds), booleans as 0/1; `None` for enums
     /// and strings.
-    pub numeric: Option<f64>,
+    pub(crate) numeric: Option<f64>,
     /// Where the value comes from (`default`, `configuration file`, ...).
-    pub source: String,
+    pub(crate) source: String,
     /// Changed in the configuration but waiting for a restart.
-    pub pending_restart: bool,
+    pub(crate) pending_restart: bool,
 }
 
 /// Settings that decide how PostgreSQL does IO: the first [`EXPORTED_LEN`]
 /// are exported as values; data_directory and port are read for volume
 /// discovery and the IO limits, and the last four for the
 /// storage-configuration audit only.
-pub const SETTINGS: &[&str] = &[
+pub(crate) const SETTINGS: &[&str] = &[
     "wal_sync_method",
     "synchronous_commit",
     "fsync",
@@ -62,12 +62,12 @@ const SQL: &str = "SELECT name, setting, unit, vartype, source, pending_restart 
      WHERE name = ANY($1) OR pending_restart ORDER BY name";
 
 /// Settings exported as values.
-pub fn exported_setting(name: &str) -> bool {
+pub(crate) fn exported_setting(name: &str) -> bool {
     EXPORTED.contains(&name)
 }
 
 /// Converts a pg_settings value to base units.
-pub fn numeric_setting(setting: &str, unit: Option<&str>, vartype: &str) -> Option<f64> {
+pub(crate) fn numeric_setting(setting: &str, unit: Option<&str>, vartype: &str) -> Option<f64> {
     match vartype {
         "bool" => Some(if setting == "on" { 1.0 } else { 0.0 }),
         "integer" | "real" => {
@@ -95,7 +95,7 @@ pub fn numeric_setting(setting: &str, unit: Option<&str>, vartype: &str) -> Opti
     }
 }
 
-pub async fn read(c: Db<'_>) -> QResult<Vec<Setting>> {
+pub(crate) async fn read(c: Db<'_>) -> QResult<Vec<Setting>> {
     let names: Vec<String> = SETTINGS.iter().map(|s| s.to_string()).collect();
     let rows = c.query(SQL, &[&names]).await?;
     Ok(rows
@@ -133,7 +133,7 @@ fn exported(c: &ClusterSnapshot) -> impl Iterator<Item = &Setting> {
         .filter(|s| exported_setting(&s.name))
 }
 
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     families::gauge(
         enc,
         "pgstorage_pg_setting",

@@ -16,7 +16,7 @@ const SQL: &str = "SELECT spcname::text, pg_tablespace_location(oid) FROM pg_tab
      WHERE pg_tablespace_location(oid) <> '' ORDER BY 1";
 
 /// (name, location) of each tablespace outside the data directory.
-pub async fn read(c: Db<'_>) -> QResult<Vec<(String, String)>> {
+pub(crate) async fn read(c: Db<'_>) -> QResult<Vec<(String, String)>> {
     let rows = c.query(SQL, &[]).await?;
     Ok(rows
         .iter()
@@ -25,7 +25,7 @@ pub async fn read(c: Db<'_>) -> QResult<Vec<(String, String)>> {
 }
 
 /// Kept while the cluster is down: the directories did not move.
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     families::gauge(
         enc,
         "pgstorage_cluster_volume_info",

@@ -10,20 +10,20 @@ use crate::postgres::db::{Db, QResult};
 /// The oldest version read: pg_stat_wal (WAL records, writes, syncs and
 /// their timing) exists from 14. Older servers get a connection and
 /// settings, and their WAL and checkpoint statistics are not read.
-pub const OLDEST: u32 = 14_00_00;
+pub(crate) const OLDEST: u32 = 14_00_00;
 
 /// The newest version whose views are known. A newer server is read with
 /// the queries of this one: a view or column it no longer has fails that
 /// one query with SQLSTATE 42P01 or 42703, counted as `undefined` while the
 /// other views are still read.
-pub const NEWEST: u32 = 18_00_00;
+pub(crate) const NEWEST: u32 = 18_00_00;
 
 /// The version in the form the gates compare (`server_version_num`,
 /// e.g. 170004) and as the server spells it (e.g. "17.4 (Debian ...)").
 const SQL: &str =
     "SELECT current_setting('server_version_num')::int4, current_setting('server_version')";
 
-pub async fn read(c: Db<'_>) -> QResult<(u32, String)> {
+pub(crate) async fn read(c: Db<'_>) -> QResult<(u32, String)> {
     let row = c.query_one(SQL, &[]).await?;
     let num: i32 = row.try_get(0)?;
     let text: String = row.try_get(1)?;
@@ -32,11 +32,11 @@ pub async fn read(c: Db<'_>) -> QResult<(u32, String)> {
 
 /// Whether a server has newer views than the queries know: the next major
 /// version starts at `NEWEST` + 10000.
-pub fn newer_than_known(version: u32) -> bool {
+pub(crate) fn newer_than_known(version: u32) -> bool {
     version >= NEWEST + 1_00_00
 }
 
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     families::gauge(
         enc,
         "pgstorage_pg_info",

@@ -16,15 +16,15 @@ use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
 use super::{cluster_counter, cluster_gauge};
 
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct WalStats {
-    pub syncs: Option<f64>,
-    pub sync_seconds: Option<f64>,
-    pub writes: Option<f64>,
-    pub write_seconds: Option<f64>,
-    pub records: Option<f64>,
-    pub fpi: Option<f64>,
-    pub bytes: Option<f64>,
-    pub buffers_full: Option<f64>,
+pub(crate) struct WalStats {
+    pub(crate) syncs: Option<f64>,
+    pub(crate) sync_seconds: Option<f64>,
+    pub(crate) writes: Option<f64>,
+    pub(crate) write_seconds: Option<f64>,
+    pub(crate) records: Option<f64>,
+    pub(crate) fpi: Option<f64>,
+    pub(crate) bytes: Option<f64>,
+    pub(crate) buffers_full: Option<f64>,
 }
 
 /// Up to 17: the whole row, write and sync figures included.
@@ -43,7 +43,7 @@ const SQL_18_IO: &str = "SELECT sum(writes)::float8, sum(fsyncs)::float8, \
 
 /// Where a server version keeps its WAL IO figures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// Before 14: no pg_stat_wal.
     None,
     /// 14 to 17: pg_stat_wal alone.
@@ -52,7 +52,7 @@ pub enum Source {
     StatWalAndIo,
 }
 
-pub fn source(version: u32) -> Source {
+pub(crate) fn source(version: u32) -> Source {
     if version < 14_00_00 {
         Source::None
     } else if version < 18_00_00 {
@@ -65,7 +65,7 @@ pub fn source(version: u32) -> Source {
 /// WAL statistics; `None` on a server without pg_stat_wal. Times are
 /// dropped unless `timing` (track_wal_io_timing): with it off PostgreSQL
 /// reports 0, which would read as infinitely fast syncs.
-pub async fn read(c: Db<'_>, version: u32, timing: bool) -> QResult<Option<WalStats>> {
+pub(crate) async fn read(c: Db<'_>, version: u32, timing: bool) -> QResult<Option<WalStats>> {
     let secs = |v: Option<f64>| if timing { ms_to_seconds(v) } else { None };
     match source(version) {
         Source::None => Ok(None),
@@ -154,7 +154,7 @@ fn wal(c: &ClusterSnapshot) -> Option<&WalStats> {
 }
 
 /// The WAL counters.
-pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     for k in COUNTERS {
         cluster_counter(enc, k.base, k.help, clusters, |c| (k.get)(wal(c)?))?;
     }
@@ -163,7 +163,7 @@ pub fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Resul
 
 /// The mean sync time over the window, which the collector keeps from
 /// successive readings of the sync counters.
-pub fn encode_sync_mean(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
+pub(crate) fn encode_sync_mean(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     cluster_gauge(
         enc,
         "pgstorage_pg_wal_sync_mean_seconds",

@@ -6,31 +6,23 @@
 //! so plain syscalls are always available as the fallback and give the same
 //! latencies within noise: the device, not the submission path, dominates.
 
-pub mod syscall;
-pub mod uring;
+pub(crate) mod syscall;
+pub(crate) mod uring;
 
 use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use thiserror::Error;
 
+pub(crate) use self::syscall::CommitTiming;
 use crate::probe::IoFailure;
 use crate::types::{EngineChoice, EngineKind, SyncMethod};
-
-/// Timings of one commit probe.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct CommitTiming {
-    pub write: Duration,
-    /// `None` when the sync method has no separate sync call.
-    pub sync: Option<Duration>,
-    pub commit: Duration,
-}
 
 /// io_uring was required but cannot be used.
 #[derive(Debug, Error)]
 #[error("io_uring is not available: {reason}")]
-pub struct EngineUnavailable {
-    pub reason: String,
+pub(crate) struct EngineUnavailable {
+    pub(crate) reason: String,
 }
 
 /// An engine ready to probe, owning its buffers (so that IO still in flight
@@ -38,7 +30,7 @@ pub struct EngineUnavailable {
 /// through the chosen engine; commits are plain syscalls either way
 /// ([`syscall::Committer`]).
 #[derive(Debug)]
-pub struct Engine {
+pub(crate) struct Engine {
     reads: Reads,
     commits: syscall::Committer,
 }
@@ -53,7 +45,7 @@ enum Reads {
 impl Engine {
     /// Builds the engine for `choice`. With `auto`, falls back to syscalls
     /// and returns why in the second field, for the log.
-    pub fn new(choice: EngineChoice) -> Result<(Engine, Option<String>), EngineUnavailable> {
+    pub(crate) fn new(choice: EngineChoice) -> Result<(Engine, Option<String>), EngineUnavailable> {
         let (reads, fallback) = match choice {
             EngineChoice::Sync => (Reads::Sync(syscall::SyncEngine::new()), None),
             EngineChoice::IoUring => uring::UringEngine::new()
@@ -71,7 +63,7 @@ impl Engine {
         Ok((engine, fallback))
     }
 
-    pub fn kind(&self) -> EngineKind {
+    pub(crate) fn kind(&self) -> EngineKind {
         match self.reads {
             Reads::IoUring(_) => EngineKind::IoUring,
             Reads::Sync(_) => EngineKind::Sync,
@@ -80,7 +72,7 @@ impl Engine {
 
     /// Writes the next 8 KiB block at `offset` of the WAL probe file and
     /// makes it durable the way `method` says.
-    pub fn commit(
+    pub(crate) fn commit(
         &mut self,
         fd: BorrowedFd<'_>,
         offset: u64,
@@ -90,7 +82,7 @@ impl Engine {
     }
 
     /// One 8 KiB `O_DIRECT` read at `offset`.
-    pub fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
+    pub(crate) fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
         match &mut self.reads {
             Reads::IoUring(e) => e.read(fd, offset),
             Reads::Sync(e) => e.read(fd, offset),
@@ -99,7 +91,7 @@ impl Engine {
 
     /// True when the engine can no longer be trusted (io_uring state lost)
     /// and must be rebuilt.
-    pub fn is_poisoned(&self) -> bool {
+    pub(crate) fn is_poisoned(&self) -> bool {
         match &self.reads {
             Reads::IoUring(e) => e.is_poisoned(),
             Reads::Sync(_) => false,
@@ -109,19 +101,11 @@ impl Engine {
 
 /// Checks that io_uring can be used, for a fail-fast start when a volume
 /// requires it.
-pub fn require(choice: EngineChoice) -> Result<(), EngineUnavailable> {
+pub(crate) fn require(choice: EngineChoice) -> Result<(), EngineUnavailable> {
     if choice == EngineChoice::IoUring {
         uring::UringEngine::new()
             .map(drop)
             .map_err(|reason| EngineUnavailable { reason })?;
     }
     Ok(())
-}
-
-/// Fills the payload of the next WAL block: random bytes (so compression
-/// and dedup cannot skip the write) stamped with a sequence number.
-pub(crate) fn stamp(buf: &mut [u8], seq: u64) {
-    if buf.len() >= 8 {
-        buf[..8].copy_from_slice(&seq.to_le_bytes());
-    }
 }

@@ -5,13 +5,24 @@
 use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
-use crate::probe::files::AlignedBuf;
 use crate::probe::settings::BLOCK_SIZE;
 use crate::probe::{Cause, IoFailure, Rng};
 use crate::types::{Op, SyncMethod};
 
+/// An 8 KiB buffer aligned for `O_DIRECT`, for the reads.
+type AlignedBuf = crate::sys::AlignedBuf<BLOCK_SIZE>;
+
+/// Timings of one commit probe.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct CommitTiming {
+    pub(crate) write: Duration,
+    /// `None` when the sync method has no separate sync call.
+    pub(crate) sync: Option<Duration>,
+    pub(crate) commit: Duration,
+}
+
 #[derive(Debug)]
-pub struct SyncEngine {
+pub(crate) struct SyncEngine {
     read_buf: AlignedBuf,
 }
 
@@ -36,7 +47,7 @@ fn retry_eintr<T>(mut f: impl FnMut() -> rustix::io::Result<T>) -> Result<T, i32
 /// The commit probe's state: the payload of the next WAL block and its
 /// sequence number. The same for both engines (see [`Committer::commit`]).
 #[derive(Debug)]
-pub struct Committer {
+pub(crate) struct Committer {
     buf: Vec<u8>,
     seq: u64,
 }
@@ -48,7 +59,7 @@ impl Default for Committer {
 }
 
 impl Committer {
-    pub fn new() -> Committer {
+    pub(crate) fn new() -> Committer {
         let mut buf = vec![0u8; BLOCK_SIZE];
         Rng::seeded().fill(&mut buf);
         Committer { buf, seq: 0 }
@@ -62,14 +73,14 @@ impl Committer {
     /// sync to a kernel worker thread: one more wake-up per commit. Measured on
     /// the build machine, back to back: io_uring commits p50 97-100 µs at 35 µs
     /// of CPU each, these 78-89 µs at 21-22 µs.
-    pub fn commit(
+    pub(crate) fn commit(
         &mut self,
         fd: BorrowedFd<'_>,
         offset: u64,
         method: SyncMethod,
-    ) -> Result<super::CommitTiming, IoFailure> {
+    ) -> Result<CommitTiming, IoFailure> {
         self.seq += 1;
-        super::stamp(&mut self.buf, self.seq);
+        stamp(&mut self.buf, self.seq);
         let buf = &self.buf[..self.buf.len().min(BLOCK_SIZE)];
         let fail = |op, cause| IoFailure { op, cause };
         let t0 = Instant::now();
@@ -81,7 +92,7 @@ impl Committer {
         }
         if !method.has_sync_call() {
             let d = t1 - t0;
-            return Ok(super::CommitTiming {
+            return Ok(CommitTiming {
                 write: d,
                 sync: None,
                 commit: d,
@@ -96,7 +107,7 @@ impl Committer {
         })
         .map_err(|e| fail(Op::Sync, Cause::Errno(e)))?;
         let t2 = Instant::now();
-        Ok(super::CommitTiming {
+        Ok(CommitTiming {
             write: t1 - t0,
             sync: Some(t2 - t1),
             commit: t2 - t0,
@@ -105,13 +116,13 @@ impl Committer {
 }
 
 impl SyncEngine {
-    pub fn new() -> SyncEngine {
+    pub(crate) fn new() -> SyncEngine {
         SyncEngine {
             read_buf: AlignedBuf::new(),
         }
     }
 
-    pub fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
+    pub(crate) fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
         let buf = self.read_buf.as_mut_slice();
         let t0 = Instant::now();
         let n =
@@ -127,5 +138,28 @@ impl SyncEngine {
             });
         }
         Ok(d)
+    }
+}
+
+/// Fills the payload of the next WAL block: random bytes (so compression
+/// and dedup cannot skip the write) stamped with a sequence number.
+fn stamp(buf: &mut [u8], seq: u64) {
+    if buf.len() >= 8 {
+        buf[..8].copy_from_slice(&seq.to_le_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buffer_is_aligned() {
+        let b = AlignedBuf::new();
+        assert_eq!(
+            b.as_slice().as_ptr() as usize % crate::sys::DIRECT_IO_ALIGN,
+            0
+        );
+        assert_eq!(b.as_slice().len(), 8192);
     }
 }

@@ -22,7 +22,7 @@ use crate::sys::UringReader;
 use crate::types::Op;
 
 #[derive(Debug)]
-pub struct UringEngine {
+pub(crate) struct UringEngine {
     reader: UringReader<BLOCK_SIZE>,
 }
 
@@ -54,7 +54,7 @@ fn explain(e: &std::io::Error) -> String {
 }
 
 impl UringEngine {
-    pub fn new() -> Result<UringEngine, String> {
+    pub(crate) fn new() -> Result<UringEngine, String> {
         if std::env::var_os("PG_STORAGE_EXPORTER_DISABLE_IO_URING").is_some() {
             return Err("disabled by PG_STORAGE_EXPORTER_DISABLE_IO_URING".to_string());
         }
@@ -65,11 +65,11 @@ impl UringEngine {
     /// True once the ring failed mid-operation: the kernel may still own
     /// the read buffer, so it and the ring were leaked (a few KiB, once per
     /// failure of the ring) and the engine must be rebuilt.
-    pub fn is_poisoned(&self) -> bool {
+    pub(crate) fn is_poisoned(&self) -> bool {
         self.reader.is_poisoned()
     }
 
-    pub fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
+    pub(crate) fn read(&mut self, fd: BorrowedFd<'_>, offset: u64) -> Result<Duration, IoFailure> {
         let fail = |cause| IoFailure {
             op: Op::Read,
             cause,

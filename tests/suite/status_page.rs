@@ -306,10 +306,10 @@ fn postgres_cluster_and_ceiling_bases_as_the_browser_shows_them() {
             "mon",
             // The exporter's own queries are read-only transactions, which
             // leave the postgres basis out once they pass a tenth of the
-            // writes: at 1 s they stay well under that also when a loaded
-            // host slows pgbench's one client down.
-            "scrape_interval = \"1s\"\n\
-             wait_sampling_interval = \"1s\"\n\
+            // writes: every 2 s they stay well under that also when a
+            // loaded host slows pgbench's one client down.
+            "scrape_interval = \"2s\"\n\
+             wait_sampling_interval = \"2s\"\n\
              discover_volumes = true\n",
         )
         .ready("pg_up and the WAL on t", Duration::from_secs(60), |m| {
@@ -321,7 +321,7 @@ fn postgres_cluster_and_ceiling_bases_as_the_browser_shows_them() {
     else {
         return;
     };
-    stack.pg.pgbench_inserts(1, 3);
+    stack.pg.pgbench_inserts(1, 6);
     stack
         .ex
         .wait_for("basis=postgres", Duration::from_secs(30), |m| {

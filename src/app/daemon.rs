@@ -8,18 +8,25 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use axum::Router;
+use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 pub(crate) use crate::app::supervisor::ReloadSource;
 use crate::app::supervisor::{Supervisor, WebHandles, millis};
 use crate::config::Config;
 use crate::exposition::Metrics;
+use crate::exposition::config::ConfigMetrics;
+use crate::exposition::connections::ConnectionMetrics;
+use crate::exposition::http_auth::AuthMetrics;
 use crate::http::auth::AuthSlot;
 use crate::http::conns::{Closed, Table, Timeouts};
 use crate::http::serve::{self, Server};
 use crate::http::web_config::WebSecurity;
 use crate::http::{AppState, router, with_basic_auth};
+use crate::probe::set::VolumeSet;
 
 /// Where HTTP is served.
 #[derive(Debug)]
@@ -112,11 +119,7 @@ pub(crate) async fn run(
     source: ReloadSource,
     signals: Signals,
 ) -> anyhow::Result<()> {
-    let Signals {
-        mut term,
-        mut int,
-        mut hup,
-    } = signals;
+    let Signals { term, int, hup } = signals;
     let roots = crate::probe::fsinfo::Roots {
         proc: cfg.limits.proc_root.clone(),
         sys: cfg.limits.sys_root.clone(),
@@ -141,8 +144,107 @@ pub(crate) async fn run(
     // Every socket is bound (or taken over) before anything starts, so a
     // port in use stops the start with nothing to clean up.
     let systemd = matches!(web.listen, Listen::Inherited(_));
+    let bound = bind_listeners(web.listen)?;
+    let max_connections = fit_connections(web.max_connections, bound.len(), nofile);
+    log_listening(
+        &bound,
+        &web.security,
+        &web.telemetry_path,
+        systemd,
+        max_connections,
+    );
+
+    let changed = cfg.collectors.changed();
+    if !changed.is_empty() {
+        tracing::info!(collectors = %changed.join(" "), "collectors differ from the defaults");
+    }
+    let config_metrics = metrics.config();
+    config_metrics.loaded();
+    let shutdown_timeout = Arc::new(AtomicU64::new(millis(cfg.shutdown_timeout)));
+    let auth: AuthSlot = Arc::new(std::sync::RwLock::new(web.security.basic_auth.clone()));
+    // Built before any probe file exists: axum's router panics on a route
+    // it cannot parse (the telemetry path is checked at start for that, see
+    // `cli::check_telemetry_path`), and a panic must not leave files.
+    let app = http_app(&metrics, &web.telemetry_path, auth_metrics, &auth);
+    let mut sup = Supervisor::new(
+        cfg,
+        volumes.clone(),
+        clusters,
+        limits,
+        metrics.audit(),
+        shutdown_timeout.clone(),
+    );
+    // One server per socket, all stopped by the same signal; should one
+    // fail, the others are stopped too. Listening for the signal starts
+    // before the first probe file is created.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let stopper = spawn_stopper(term, int, stop_tx.clone());
+    let started = start_unless_stopped(&mut sup, stop_rx.clone()).await;
+    if let Err(e) = started {
+        stopper.abort();
+        // The volumes added before the one that failed have their files.
+        let _ = shutdown_volumes(&volumes, &shutdown_timeout).await;
+        return Err(e);
+    }
+    let (tls_tx, tls_rx) = tls_channel(&web.security);
+    let handles = WebHandles {
+        file: web.config_file.clone(),
+        tls: tls_tx,
+        auth: auth.clone(),
+    };
+    let reloader = spawn_reloader(hup, sup, source, handles, config_metrics);
+    let watchdog = spawn_watchdog(volumes.clone());
+
+    let servers = Servers {
+        app,
+        tls: tls_rx,
+        metrics: metrics.connections(),
+        max_connections,
+    };
+    let served = servers.serve(bound, stop_rx, &stop_tx).await;
+    stopper.abort();
+    watchdog.abort();
+    // A reload in progress is cut short; the shutdown below stops whatever
+    // probe threads it had started.
+    reloader.abort();
+
+    shutdown_volumes(&volumes, &shutdown_timeout)
+        .await
+        .context("shutdown task")?;
+    served
+}
+
+/// One line per socket, as exporter-toolkit logs; whether the endpoint is
+/// protected, never which users or anything about their passwords.
+fn log_listening(
+    bound: &[(TcpListener, SocketAddr)],
+    security: &WebSecurity,
+    telemetry_path: &str,
+    systemd: bool,
+    max_connections: usize,
+) {
+    for (_, local) in bound {
+        tracing::info!(
+            address = %local,
+            systemd_socket = systemd.then_some(true),
+            telemetry_path = %telemetry_path,
+            version = env!("CARGO_PKG_VERSION"),
+            tls = security.tls.is_some(),
+            tls_min_version = security.tls_min_version.map(|v| v.as_str()),
+            basic_auth = security.basic_auth.is_some(),
+            basic_auth_users = security.basic_auth.as_ref().map(|a| a.users()),
+            max_connections,
+            "listening"
+        );
+    }
+}
+
+/// Binds the `--web.listen-address` sockets, or takes over systemd's,
+/// each with its address.
+fn bind_listeners(listen: Listen) -> anyhow::Result<Vec<(TcpListener, SocketAddr)>> {
     let mut listeners = Vec::new();
-    match web.listen {
+    match listen {
         Listen::Addresses(addrs) => {
             for addr in addrs {
                 let l = serve::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
@@ -154,7 +256,7 @@ pub(crate) async fn run(
                 sock.set_nonblocking(true)
                     .context("--web.systemd-socket: making the socket non-blocking")?;
                 listeners.push(
-                    tokio::net::TcpListener::from_std(sock)
+                    TcpListener::from_std(sock)
                         .context("--web.systemd-socket: registering the socket")?,
                 );
             }
@@ -173,179 +275,187 @@ pub(crate) async fn run(
         }
         bound.push((l, local));
     }
+    Ok(bound)
+}
+
+/// `--web.max-connections`, lowered (with a warning) when `listeners`
+/// times that many would not fit the open-file limit `nofile`.
+fn fit_connections(wanted: usize, listeners: usize, nofile: Option<u64>) -> usize {
     let max_connections = match nofile {
-        Some(n) => crate::http::conns::fit(web.max_connections, bound.len(), n),
-        None => web.max_connections,
+        Some(n) => crate::http::conns::fit(wanted, listeners, n),
+        None => wanted,
     };
-    if max_connections < web.max_connections {
+    if max_connections < wanted {
         tracing::warn!(
-            max_connections = web.max_connections,
-            listeners = bound.len(),
+            max_connections = wanted,
+            listeners,
             open_file_limit = nofile,
             using = max_connections,
             "--web.max-connections lowered to fit the open-file limit (RLIMIT_NOFILE) with \
              room for probe files and PostgreSQL sessions"
         );
     }
-    // One line per socket, as exporter-toolkit logs; whether the endpoint
-    // is protected, never which users or anything about their passwords.
-    for (_, local) in &bound {
-        tracing::info!(
-            address = %local,
-            systemd_socket = systemd.then_some(true),
-            telemetry_path = %web.telemetry_path,
-            version = env!("CARGO_PKG_VERSION"),
-            tls = web.security.tls.is_some(),
-            tls_min_version = web.security.tls_min_version.map(|v| v.as_str()),
-            basic_auth = web.security.basic_auth.is_some(),
-            basic_auth_users = web.security.basic_auth.as_ref().map(|a| a.users()),
-            max_connections,
-            "listening"
-        );
-    }
+    max_connections
+}
 
-    let changed = cfg.collectors.changed();
-    if !changed.is_empty() {
-        tracing::info!(collectors = %changed.join(" "), "collectors differ from the defaults");
-    }
-    let config_metrics = metrics.config();
-    config_metrics.loaded();
-    let shutdown_timeout = Arc::new(AtomicU64::new(millis(cfg.shutdown_timeout)));
-    let auth: AuthSlot = Arc::new(std::sync::RwLock::new(web.security.basic_auth.clone()));
-    // Built before any probe file exists: axum's router panics on a route
-    // it cannot parse (the telemetry path is checked at start for that, see
-    // `cli::check_telemetry_path`), and a panic must not leave files.
-    let mut app = router(Arc::new(AppState {
+/// The HTTP application: the routes, behind basic auth when a web
+/// configuration file is in use.
+fn http_app(
+    metrics: &Arc<Metrics>,
+    telemetry_path: &str,
+    auth_metrics: Option<AuthMetrics>,
+    auth: &AuthSlot,
+) -> Router {
+    let app = router(Arc::new(AppState {
         metrics: metrics.clone(),
-        telemetry_path: web.telemetry_path.clone(),
+        telemetry_path: telemetry_path.to_string(),
         renders: Default::default(),
     }));
     // With a web configuration file the check is always in place, so a
     // reload can add users to a file that had none.
-    if let Some(auth_metrics) = auth_metrics {
-        let guard = crate::http::auth::Guard {
-            users: auth.clone(),
-            gate: Arc::new(crate::http::auth::Gate::new(auth_metrics)),
-        };
-        app = with_basic_auth(app, guard);
-    }
-    let mut sup = Supervisor::new(
-        cfg,
-        volumes.clone(),
-        clusters,
-        limits,
-        metrics.audit(),
-        shutdown_timeout.clone(),
-    );
-    // One server per socket, all stopped by the same signal; should one
-    // fail, the others are stopped too. Listening for the signal starts
-    // before the first probe file is created.
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_tx = Arc::new(stop_tx);
-    let stopper = {
-        let stop_tx = stop_tx.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
-                _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
-            }
-            stop_tx.send_replace(true);
-        })
-    };
-    let started = {
-        let mut stop = stop_rx.clone();
-        tokio::select! {
-            r = sup.start() => r,
-            // Stopped while volumes were being added: the shutdown below
-            // removes what was created, and a volume still being added
-            // either is seen by it or sees the stop and creates nothing
-            // (`VolumeSet::add`).
-            _ = stop.wait_for(|s| *s) => Ok(()),
+    match auth_metrics {
+        Some(auth_metrics) => {
+            let guard = crate::http::auth::Guard {
+                users: auth.clone(),
+                gate: Arc::new(crate::http::auth::Gate::new(auth_metrics)),
+            };
+            with_basic_auth(app, guard)
         }
-    };
-    if let Err(e) = started {
-        stopper.abort();
-        // The volumes added before the one that failed have their files.
-        let timeout = Duration::from_millis(shutdown_timeout.load(Ordering::Relaxed));
-        let set = volumes.clone();
-        let _ = tokio::task::spawn_blocking(move || set.shutdown(timeout)).await;
-        return Err(e);
+        None => app,
     }
-    let (tls_tx, tls_rx) = match &web.security.tls {
+}
+
+/// Sends the stop to every server on the first SIGTERM or SIGINT.
+fn spawn_stopper(
+    mut term: Signal,
+    mut int: Signal,
+    stop_tx: Arc<watch::Sender<bool>>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!(signal = "SIGTERM", "shutting down"),
+            _ = int.recv() => tracing::info!(signal = "SIGINT", "shutting down"),
+        }
+        stop_tx.send_replace(true);
+    })
+}
+
+/// Starts what the configuration names, unless SIGTERM or SIGINT comes
+/// first.
+async fn start_unless_stopped(
+    sup: &mut Supervisor,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    tokio::select! {
+        r = sup.start() => r,
+        // Stopped while volumes were being added: the shutdown removes
+        // what was created, and a volume still being added either is seen
+        // by it or sees the stop and creates nothing (`VolumeSet::add`).
+        _ = stop.wait_for(|s| *s) => Ok(()),
+    }
+}
+
+/// The TLS settings new handshakes use.
+type Tls = Arc<rustls::ServerConfig>;
+
+/// The channel a reload sends new TLS settings on; none without TLS.
+fn tls_channel(
+    security: &WebSecurity,
+) -> (Option<watch::Sender<Tls>>, Option<watch::Receiver<Tls>>) {
+    match &security.tls {
         Some(c) => {
             let (tx, rx) = watch::channel(c.clone());
             (Some(tx), Some(rx))
         }
         None => (None, None),
-    };
-    let handles = WebHandles {
-        file: web.config_file.clone(),
-        tls: tls_tx,
-        auth: auth.clone(),
-    };
-    let reloader = tokio::spawn(async move {
+    }
+}
+
+/// Reloads the configuration on every SIGHUP.
+fn spawn_reloader(
+    mut hup: Signal,
+    mut sup: Supervisor,
+    source: ReloadSource,
+    handles: WebHandles,
+    config_metrics: ConfigMetrics,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
         while hup.recv().await.is_some() {
             tracing::info!(signal = "SIGHUP", "reloading the configuration");
             sup.reload(&source, &handles, &config_metrics).await;
         }
-    });
+    })
+}
 
-    let watchdog = {
-        let volumes = volumes.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tick.tick().await;
-                volumes.check_timeouts(Instant::now());
-            }
-        })
-    };
-
-    let connection_metrics = metrics.connections();
-    let mut servers = tokio::task::JoinSet::new();
-    let timeouts = Timeouts {
-        header: serve::HEADER_TIMEOUT,
-        idle: serve::IDLE_TIMEOUT,
-    };
-    let reasons = Closed::ALL.map(Closed::as_str);
-    for (listener, local) in bound {
-        let server = Server {
-            app: app.clone(),
-            tls: tls_rx.clone(),
-            metrics: connection_metrics.listener(&local.to_string(), max_connections, &reasons),
-        };
-        let table = Arc::new(Table::new(max_connections, timeouts));
-        servers.spawn(serve::serve(
-            listener,
-            local,
-            server,
-            table,
-            stop_rx.clone(),
-        ));
-    }
-    let mut served: anyhow::Result<()> = Ok(());
-    while let Some(r) = servers.join_next().await {
-        // A listener ends only when stopped; a panic in one stops the
-        // others too.
-        if let Err(e) = r {
-            if served.is_ok() {
-                served = Err(anyhow::Error::new(e).context("HTTP server task"));
-            }
-            stop_tx.send_replace(true);
+/// Checks every second for probe operations past their timeout.
+fn spawn_watchdog(volumes: Arc<VolumeSet>) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            volumes.check_timeouts(Instant::now());
         }
-    }
-    stopper.abort();
-    watchdog.abort();
-    // A reload in progress is cut short; the shutdown below stops whatever
-    // probe threads it had started.
-    reloader.abort();
+    })
+}
 
+/// Stops every probe thread and removes the probe files, within the
+/// shutdown timeout in force.
+async fn shutdown_volumes(
+    volumes: &Arc<VolumeSet>,
+    shutdown_timeout: &AtomicU64,
+) -> Result<(), tokio::task::JoinError> {
     let timeout = Duration::from_millis(shutdown_timeout.load(Ordering::Relaxed));
     let set = volumes.clone();
-    tokio::task::spawn_blocking(move || set.shutdown(timeout))
-        .await
-        .context("shutdown task")?;
-    served
+    tokio::task::spawn_blocking(move || set.shutdown(timeout)).await
+}
+
+/// What every listener's server shares.
+struct Servers {
+    app: Router,
+    tls: Option<watch::Receiver<Tls>>,
+    metrics: ConnectionMetrics,
+    max_connections: usize,
+}
+
+impl Servers {
+    /// Serves every bound socket until `stop`; a server that panics stops
+    /// the others too, and is the error returned.
+    async fn serve(
+        self,
+        bound: Vec<(TcpListener, SocketAddr)>,
+        stop: watch::Receiver<bool>,
+        stop_tx: &watch::Sender<bool>,
+    ) -> anyhow::Result<()> {
+        let mut servers = tokio::task::JoinSet::new();
+        let timeouts = Timeouts {
+            header: serve::HEADER_TIMEOUT,
+            idle: serve::IDLE_TIMEOUT,
+        };
+        let reasons = Closed::ALL.map(Closed::as_str);
+        for (listener, local) in bound {
+            let server = Server {
+                app: self.app.clone(),
+                tls: self.tls.clone(),
+                metrics: self
+                    .metrics
+                    .listener(&local.to_string(), self.max_connections, &reasons),
+            };
+            let table = Arc::new(Table::new(self.max_connections, timeouts));
+            servers.spawn(serve::serve(listener, local, server, table, stop.clone()));
+        }
+        let mut served: anyhow::Result<()> = Ok(());
+        while let Some(r) = servers.join_next().await {
+            // A listener ends only when stopped; a panic in one stops the
+            // others too.
+            if let Err(e) = r {
+                if served.is_ok() {
+                    served = Err(anyhow::Error::new(e).context("HTTP server task"));
+                }
+                stop_tx.send_replace(true);
+            }
+        }
+        served
+    }
 }
 
 /// Raises the soft limit on open files to the hard limit and returns the

@@ -475,6 +475,17 @@ impl Supervisor {
             );
             new.window = self.cfg.window;
         }
+        let plan = self.plan(&new);
+        let applied = self.apply(new, &plan).await;
+        if let Some(sec) = security {
+            swap_web(web, sec);
+        }
+        metrics.reloaded();
+        self.log_reloaded(&plan, &applied);
+    }
+
+    /// What a reload to `new` changes, decided before anything stops.
+    fn plan(&self, new: &Config) -> ReloadPlan {
         let vols = diff_volumes(&self.cfg.volumes, &new.volumes);
         let defaults_changed = new.volume_defaults != self.cfg.volume_defaults;
         let mut clus = diff(
@@ -492,10 +503,6 @@ impl Supervisor {
                 }
             }
         }
-        self.shutdown_timeout
-            .store(millis(new.shutdown_timeout), Ordering::Relaxed);
-
-        // Clusters first: their discovered volumes go with them.
         let configured: HashSet<String> = self
             .cfg
             .volumes
@@ -523,8 +530,56 @@ impl Supervisor {
             .filter(|n| carries(n))
             .cloned()
             .collect();
+        ReloadPlan {
+            vols,
+            clus,
+            configured,
+            carrying,
+        }
+    }
+
+    /// Applies `plan`: stops what goes or changes, clusters first (their
+    /// discovered volumes go with them), then starts what is new or
+    /// changed under `new`.
+    async fn apply(&mut self, new: Config, plan: &ReloadPlan) -> Applied {
+        self.shutdown_timeout
+            .store(millis(new.shutdown_timeout), Ordering::Relaxed);
+        let (orphans, mut carried) = self.stop_clusters(plan);
+        let mut carried_volumes: Vec<String> =
+            carried.values().flat_map(|c| c.volumes.clone()).collect();
+        carried_volumes.sort();
+        let mut to_remove: Vec<String> = orphans.clone();
+        to_remove.extend(plan.vols.removed.iter().cloned());
+        to_remove.extend(plan.vols.changed.iter().cloned());
+        self.stop_volumes(to_remove).await;
+        let old = std::mem::replace(&mut self.cfg, new);
+        self.start_volumes(&plan.vols).await;
+        for c in self.cfg.clusters.clone() {
+            let n = &c.collector.name;
+            if plan.clus.added.contains(n) || plan.clus.changed.contains(n) {
+                let carried = carried.remove(n).unwrap_or_default();
+                self.start_cluster(&c, carried);
+            }
+        }
+        let limits_changed = old.limits != self.cfg.limits;
+        if limits_changed {
+            self.start_limits();
+        }
+        self.start_audit();
+        Applied {
+            orphans,
+            carried_volumes,
+            limits_changed,
+            shutdown_timeout_changed: old.shutdown_timeout != self.cfg.shutdown_timeout,
+        }
+    }
+
+    /// Stops the removed and changed clusters. Returns the discovered
+    /// volumes that go with them (no longer configured nor discovered by a
+    /// running cluster), and what each carrying cluster keeps.
+    fn stop_clusters(&mut self, plan: &ReloadPlan) -> (Vec<String>, HashMap<String, Carried>) {
         let mut stopped: Vec<(String, Vec<(String, String)>)> = Vec::new();
-        for name in clus.removed.iter().chain(clus.changed.iter()) {
+        for name in plan.clus.removed.iter().chain(plan.clus.changed.iter()) {
             let roles = self.stop_cluster(name);
             stopped.push((name.clone(), roles));
         }
@@ -539,11 +594,11 @@ impl Supervisor {
             let mut theirs: Vec<String> = roles
                 .iter()
                 .map(|(v, _)| v.clone())
-                .filter(|v| !configured.contains(v) && !still_used.contains(v))
+                .filter(|v| !plan.configured.contains(v) && !still_used.contains(v))
                 .collect();
             theirs.sort();
             theirs.dedup();
-            if carrying.contains(&name) {
+            if plan.carrying.contains(&name) {
                 carried.insert(
                     name,
                     Carried {
@@ -560,14 +615,13 @@ impl Supervisor {
         orphans.retain(|v| !carried.values().any(|c| c.volumes.contains(v)));
         orphans.sort();
         orphans.dedup();
-        let mut carried_volumes: Vec<String> =
-            carried.values().flat_map(|c| c.volumes.clone()).collect();
-        carried_volumes.sort();
-        let mut to_remove: Vec<String> = orphans.clone();
-        to_remove.extend(vols.removed.iter().cloned());
-        to_remove.extend(vols.changed.iter().cloned());
+        (orphans, carried)
+    }
+
+    /// Stops the named volumes, one after the other.
+    async fn stop_volumes(&self, names: Vec<String>) {
         let timeout = self.timeout();
-        for name in to_remove {
+        for name in names {
             let set = self.volumes.clone();
             let n = name.clone();
             // Waits up to `timeout` for the probe thread, then removes the
@@ -578,20 +632,14 @@ impl Supervisor {
                 Err(e) => tracing::error!(volume = %name, error = %e, "stopping the volume failed"),
             }
         }
-        let old = std::mem::replace(&mut self.cfg, new);
+    }
+
+    /// Starts the added and changed volumes of the configuration in force,
+    /// and updates in place those whose limits alone changed.
+    async fn start_volumes(&self, vols: &Changes) {
         for v in self.cfg.volumes.clone() {
             if vols.added.contains(&v.name) || vols.changed.contains(&v.name) {
-                let set = self.volumes.clone();
-                let name = v.name.clone();
-                match blocking_within(RELOAD_TIMEOUT, move || set.add(v)).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) => {
-                        tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")
-                    }
-                    Err(e) => {
-                        tracing::error!(volume = %name, error = %e, "cannot start the volume")
-                    }
-                }
+                self.start_volume(v).await;
             }
         }
         for v in &self.cfg.volumes {
@@ -605,50 +653,30 @@ impl Supervisor {
                     changed = %describe_limits(&before, &limits),
                     "volume limits updated in place; its probe window and counters are kept"
                 ),
-                None => {
-                    // Not running (it failed to start on an earlier
-                    // reload): start it, as any changed volume would be.
-                    let (set, spec, name) = (self.volumes.clone(), v.clone(), v.name.clone());
-                    match blocking_within(RELOAD_TIMEOUT, move || set.add(spec)).await {
-                        Ok(Ok(_)) => {}
-                        Ok(Err(e)) => {
-                            tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")
-                        }
-                        Err(e) => {
-                            tracing::error!(volume = %name, error = %e, "cannot start the volume")
-                        }
-                    }
-                }
+                // Not running (it failed to start on an earlier reload):
+                // start it, as any changed volume would be.
+                None => self.start_volume(v.clone()).await,
             }
         }
-        for c in self.cfg.clusters.clone() {
-            let n = &c.collector.name;
-            if clus.added.contains(n) || clus.changed.contains(n) {
-                let carried = carried.remove(n).unwrap_or_default();
-                self.start_cluster(&c, carried);
+    }
+
+    /// Starts one volume, logging why when it cannot.
+    async fn start_volume(&self, spec: VolumeSpec) {
+        let (set, name) = (self.volumes.clone(), spec.name.clone());
+        match blocking_within(RELOAD_TIMEOUT, move || set.add(spec)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(volume = %name, error = %format!("{e:#}"), "cannot start the volume")
+            }
+            Err(e) => {
+                tracing::error!(volume = %name, error = %e, "cannot start the volume")
             }
         }
-        let limits_changed = old.limits != self.cfg.limits;
-        if limits_changed {
-            self.start_limits();
-        }
-        self.start_audit();
-        if let Some(sec) = security {
-            if let (Some(tx), Some(cfg)) = (&web.tls, sec.tls) {
-                tx.send_replace(cfg);
-            }
-            if let Ok(mut a) = web.auth.write() {
-                *a = sec.basic_auth.clone();
-            }
-            tracing::info!(
-                tls = web.tls.is_some(),
-                tls_min_version = sec.tls_min_version.map(|v| v.as_str()),
-                basic_auth = sec.basic_auth.is_some(),
-                basic_auth_users = sec.basic_auth.as_ref().map(|a| a.users()),
-                "web configuration reloaded"
-            );
-        }
-        metrics.reloaded();
+    }
+
+    /// Logs what applies now and what the reload changed.
+    fn log_reloaded(&self, plan: &ReloadPlan, applied: &Applied) {
+        let (vols, clus) = (&plan.vols, &plan.clus);
         // What applies now, again: restarted collectors log their settings
         // after their first scrape, the others' are logged here.
         let kept: Vec<String> = self
@@ -661,8 +689,8 @@ impl Supervisor {
         super::warnings::all(&self.cfg, &self.volumes, &self.clusters, &kept);
         if vols.is_empty()
             && clus.is_empty()
-            && !limits_changed
-            && old.shutdown_timeout == self.cfg.shutdown_timeout
+            && !applied.limits_changed
+            && !applied.shutdown_timeout_changed
         {
             tracing::info!("configuration reloaded: nothing changed");
         } else {
@@ -671,17 +699,60 @@ impl Supervisor {
                 volumes_removed = ?vols.removed,
                 volumes_changed = ?vols.changed,
                 volumes_limits_updated = ?vols.limits_only,
-                discovered_volumes_removed = ?orphans,
-                discovered_volumes_kept = ?carried_volumes,
+                discovered_volumes_removed = ?applied.orphans,
+                discovered_volumes_kept = ?applied.carried_volumes,
                 clusters_added = ?clus.added,
                 clusters_removed = ?clus.removed,
                 clusters_changed = ?clus.changed,
-                limits_changed,
+                limits_changed = applied.limits_changed,
                 shutdown_timeout = ?self.cfg.shutdown_timeout,
                 "configuration reloaded"
             );
         }
     }
+}
+
+/// Swaps in a reloaded `--web.config.file`: the TLS settings new
+/// handshakes use and the users basic auth checks.
+fn swap_web(web: &WebHandles, sec: WebSecurity) {
+    if let (Some(tx), Some(cfg)) = (&web.tls, sec.tls) {
+        tx.send_replace(cfg);
+    }
+    if let Ok(mut a) = web.auth.write() {
+        *a = sec.basic_auth.clone();
+    }
+    tracing::info!(
+        tls = web.tls.is_some(),
+        tls_min_version = sec.tls_min_version.map(|v| v.as_str()),
+        basic_auth = sec.basic_auth.is_some(),
+        basic_auth_users = sec.basic_auth.as_ref().map(|a| a.users()),
+        "web configuration reloaded"
+    );
+}
+
+/// What a reload changes: [`Supervisor::plan`] decides it from the running
+/// and the new configuration, [`Supervisor::apply`] carries it out.
+#[derive(Debug)]
+struct ReloadPlan {
+    vols: Changes,
+    clus: Changes,
+    /// Every volume named in the old or the new configuration: never one
+    /// a stopped cluster's discovery takes with it.
+    configured: HashSet<String>,
+    /// The changed clusters that keep their discovered volumes through
+    /// their restart.
+    carrying: HashSet<String>,
+}
+
+/// What [`Supervisor::apply`] did beyond the plan, for the log line.
+#[derive(Debug)]
+struct Applied {
+    /// Discovered volumes stopped with their cluster.
+    orphans: Vec<String>,
+    /// Discovered volumes kept through their cluster's restart.
+    carried_volumes: Vec<String>,
+    limits_changed: bool,
+    shutdown_timeout_changed: bool,
 }
 
 #[cfg(test)]

@@ -538,6 +538,15 @@ const MEMORY_FILESYSTEMS: &[&str] = &["tmpfs", "ramfs", "hugetlbfs", "devtmpfs"]
 
 pub(crate) fn evaluate_volume(v: &VolumeFacts) -> Outcome {
     let mut o = Outcome::default();
+    volume_durability(v, &mut o);
+    volume_performance(v, &mut o);
+    o
+}
+
+/// What can lose committed data on the volume: a filesystem in memory,
+/// barriers off, a volatile write cache that acknowledges syncs, ext4's
+/// data=writeback.
+fn volume_durability(v: &VolumeFacts, o: &mut Outcome) {
     let opts = v.mount_options.as_deref();
     let has = |o: &str| opts.is_some_and(|opts| opts.iter().any(|x| x == o));
     o.note(
@@ -617,6 +626,13 @@ pub(crate) fn evaluate_volume(v: &VolumeFacts) -> Outcome {
             }
         }),
     );
+}
+
+/// What makes the volume's IO slower than it needs to be: the IO
+/// scheduler, read-ahead, access-time updates, the filesystem.
+fn volume_performance(v: &VolumeFacts, o: &mut Outcome) {
+    let opts = v.mount_options.as_deref();
+    let has = |o: &str| opts.is_some_and(|opts| opts.iter().any(|x| x == o));
     o.note(
         "scheduler_on_ssd",
         v.scheduler.as_ref().zip(v.rotational).and_then(|(s, rot)| {
@@ -705,26 +721,42 @@ pub(crate) fn evaluate_volume(v: &VolumeFacts) -> Outcome {
             }
         }),
     );
-    o
 }
 
 pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
     let mut o = Outcome::default();
-    let s = |name: &str| cf.get(name).map(|s| s.setting.as_str());
-    let alter = |name: &str, value: &str| {
-        format!("ALTER SYSTEM SET {name} = '{value}'; SELECT pg_reload_conf();")
-    };
-    let off = |name: &'static str, msg: &'static str| -> Found {
-        let v = s(name)?;
-        if v == "off" {
-            found(format!("pg_settings {name} = off"), msg, alter(name, "on"))
-        } else {
-            PASS
-        }
-    };
+    cluster_durability(cf, &mut o);
+    cluster_wal(cf, &mut o);
+    cluster_tuning(cf, &mut o);
+    o.note("pending_restart", pending_restart(cf));
+    o
+}
+
+/// A setting's value as pg_settings shows it.
+fn setting<'a>(cf: &'a ClusterFacts, name: &str) -> Option<&'a str> {
+    cf.get(name).map(|s| s.setting.as_str())
+}
+
+fn alter(name: &str, value: &str) -> String {
+    format!("ALTER SYSTEM SET {name} = '{value}'; SELECT pg_reload_conf();")
+}
+
+/// A boolean setting that must be on.
+fn off(cf: &ClusterFacts, name: &'static str, msg: &'static str) -> Found {
+    let v = setting(cf, name)?;
+    if v == "off" {
+        found(format!("pg_settings {name} = off"), msg, alter(name, "on"))
+    } else {
+        PASS
+    }
+}
+
+/// Settings that trade committed data for speed.
+fn cluster_durability(cf: &ClusterFacts, o: &mut Outcome) {
     o.note(
         "fsync_off",
         off(
+            cf,
             "fsync",
             "fsync is off: PostgreSQL never forces data to disk, and an OS crash or power loss \
              can corrupt the whole cluster",
@@ -733,6 +765,7 @@ pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
     o.note(
         "full_page_writes_off",
         off(
+            cf,
             "full_page_writes",
             "full_page_writes is off: a crash during a page write leaves a torn page that WAL \
              replay cannot repair",
@@ -740,7 +773,7 @@ pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
     );
     o.note(
         "synchronous_commit_off",
-        s("synchronous_commit").and_then(|v| match v {
+        setting(cf, "synchronous_commit").and_then(|v| match v {
             "off" => found(
                 "pg_settings synchronous_commit = off".to_string(),
                 "Commits are acknowledged before their WAL is flushed: a crash loses up to \
@@ -756,6 +789,10 @@ pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
             _ => PASS,
         }),
     );
+}
+
+/// Where WAL goes and how much of it checkpoints make.
+fn cluster_wal(cf: &ClusterFacts, o: &mut Outcome) {
     o.note(
         "wal_shares_data_volume",
         cf.data_fs
@@ -799,7 +836,7 @@ pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
     );
     o.note(
         "wal_compression_off",
-        s("wal_compression").and_then(|v| {
+        setting(cf, "wal_compression").and_then(|v| {
             if v == "off" {
                 found(
                     "pg_settings wal_compression = off".to_string(),
@@ -812,11 +849,17 @@ pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
             }
         }),
     );
+}
+
+/// Memory and planner settings that do not fit the host's storage.
+fn cluster_tuning(cf: &ClusterFacts, o: &mut Outcome) {
     o.note(
         "huge_pages_shortfall",
         (|| {
-            let mode = s("huge_pages")?;
-            let need: u64 = s("shared_memory_size_in_huge_pages")?.parse().ok()?;
+            let mode = setting(cf, "huge_pages")?;
+            let need: u64 = setting(cf, "shared_memory_size_in_huge_pages")?
+                .parse()
+                .ok()?;
             let have = cf.hugepages_total?;
             if mode == "try" && have < need {
                 found(
@@ -868,29 +911,30 @@ pub(crate) fn evaluate_cluster(cf: &ClusterFacts) -> Outcome {
             }
         })(),
     );
-    o.note("pending_restart", {
-        if cf.settings.is_empty() {
-            None
+}
+
+/// Settings changed but waiting for a restart.
+fn pending_restart(cf: &ClusterFacts) -> Found {
+    if cf.settings.is_empty() {
+        None
+    } else {
+        let pending: Vec<&str> = cf
+            .settings
+            .iter()
+            .filter(|s| s.pending_restart)
+            .map(|s| s.name.as_str())
+            .collect();
+        if pending.is_empty() {
+            PASS
         } else {
-            let pending: Vec<&str> = cf
-                .settings
-                .iter()
-                .filter(|s| s.pending_restart)
-                .map(|s| s.name.as_str())
-                .collect();
-            if pending.is_empty() {
-                PASS
-            } else {
-                found(
-                    format!("pg_settings pending_restart: {}", pending.join(", ")),
-                    "Changed settings take effect only after a restart; until then the server \
-                     runs with the old values",
-                    "restart PostgreSQL in a maintenance window",
-                )
-            }
+            found(
+                format!("pg_settings pending_restart: {}", pending.join(", ")),
+                "Changed settings take effect only after a restart; until then the server \
+                 runs with the old values",
+                "restart PostgreSQL in a maintenance window",
+            )
         }
-    });
-    o
+    }
 }
 
 /// One audit pass over the host, every volume and every cluster.

@@ -268,45 +268,123 @@ pub(crate) fn build(
             _ => Origin::Default,
         }
     };
-    let invalid = |origin: Origin, key: &str, message: String| ConfigError::Invalid {
-        origin,
-        key: key.to_string(),
-        message,
-    };
 
     paths_without_nul(&raw, &at)?;
 
-    let top = |v: &Option<Sp<crate::units::HumanDuration>>, knob: Knob, default: Duration| match v {
+    let window = top_duration(&raw.window, Knob::Window, DEFAULT_WINDOW, &at)?;
+    let shutdown_timeout = top_duration(
+        &raw.shutdown_timeout,
+        Knob::ShutdownTimeout,
+        DEFAULT_SHUTDOWN_TIMEOUT,
+        &at,
+    )?;
+
+    let no_defaults = RawVolumeDefaults::default();
+    let defaults = raw.defaults.as_ref().unwrap_or(&no_defaults);
+    let env = |k: &str| std::env::var(k).ok();
+    let clusters = clusters(&raw.cluster, flags, &at, &env)?;
+    let probes = flags.collectors.on(Collector::Probes);
+    let (mut volumes, flagged) = volume_specs(&raw, defaults, flags, clusters.is_empty(), &at)?;
+    volumes_apart(&raw, &volumes, window, &at)?;
+
+    // Discovered volumes take [defaults], then the --probe.* flags, like
+    // --probe.path volumes (their sync method follows the cluster instead).
+    let volume_defaults = flagged;
+    if !clusters.is_empty()
+        && let Some(why) = window_too_big(window, &volume_defaults, "on the discovered volumes")
+    {
+        return Err(invalid(
+            at(raw.window.as_ref().map(|w| w.span())),
+            "window",
+            why,
+        ));
+    }
+    let limits = LimitsSettings {
+        interval: top_duration(
+            &raw.limits_interval,
+            Knob::LimitsInterval,
+            DEFAULT_LIMITS_INTERVAL,
+            &at,
+        )?,
+        cgroup_root: root(&raw.cgroup_root, "/sys/fs/cgroup"),
+        proc_root: root(&raw.proc_root, "/proc"),
+        sys_root: root(&raw.sys_root, "/sys"),
+    };
+    let audit = audit_settings(&raw, &at)?;
+    // --no-collector.probes: everything above is still validated (a
+    // mistake in the file is reported now, not when probes are turned on
+    // again), then nothing is probed.
+    if !probes {
+        volumes.clear();
+    }
+    Ok(Config {
+        window,
+        shutdown_timeout,
+        volumes,
+        clusters,
+        volume_defaults,
+        limits,
+        collectors: flags.collectors,
+        audit,
+    })
+}
+
+fn invalid(origin: Origin, key: &str, message: String) -> ConfigError {
+    ConfigError::Invalid {
+        origin,
+        key: key.to_string(),
+        message,
+    }
+}
+
+/// A top-level duration key, checked against its knob's range, or its
+/// default.
+fn top_duration(
+    v: &Option<Sp<crate::units::HumanDuration>>,
+    knob: Knob,
+    default: Duration,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<Duration, ConfigError> {
+    match v {
         Some(x) => knob
             .check_written(x.get_ref().0)
             .map_err(|message| invalid(at(Some(x.span())), knob.range().key, message)),
         None => Ok(default),
-    };
-    let window = top(&raw.window, Knob::Window, DEFAULT_WINDOW)?;
-    let shutdown_timeout = top(
-        &raw.shutdown_timeout,
-        Knob::ShutdownTimeout,
-        DEFAULT_SHUTDOWN_TIMEOUT,
-    )?;
+    }
+}
 
-    let defaults = raw.defaults.unwrap_or_default();
-    let env = |k: &str| std::env::var(k).ok();
-    let clusters = clusters(&raw.cluster, flags, &at, &env)?;
+/// A `*_root` key made absolute, or its default.
+fn root(p: &Option<Sp<PathBuf>>, default: &str) -> PathBuf {
+    p.as_ref()
+        .map(|p| absolute(p.get_ref()))
+        .unwrap_or_else(|| PathBuf::from(default))
+}
+
+/// The volumes to probe: the `[[volume]]` tables, then the `--probe.path`
+/// ones, then the embedded default volume when nothing else says what to
+/// probe; with the validated "[defaults] + --probe.* flags" settings
+/// (`no_clusters`: no cluster discovers volumes either).
+fn volume_specs(
+    raw: &RawConfig,
+    defaults: &RawVolumeDefaults,
+    flags: &FlagOverrides,
+    no_clusters: bool,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<(Vec<VolumeSpec>, ProbeSettings), ConfigError> {
     let mut volumes = Vec::new();
-    let probes = flags.collectors.on(Collector::Probes);
     for (i, v) in raw.volume.iter().enumerate() {
-        volumes.push(volume_from_file(i, v, &defaults, &at)?);
+        volumes.push(volume_from_file(i, v, defaults, at)?);
     }
     // One validated "[defaults] + --probe.* flags" for --probe.path volumes
     // and discovered volumes alike, so a bad flag is refused whichever of
     // them it would reach.
-    let flagged = flag_settings(&defaults, flags, &at)?;
+    let flagged = flag_settings(defaults, flags, at)?;
     for spec in &flags.probe_paths {
         volumes.push(volume_from_flag(spec, &flagged)?);
     }
     // The embedded default volume only when nothing else says what to probe:
     // with clusters, discovery does.
-    if volumes.is_empty() && clusters.is_empty() && probes {
+    if volumes.is_empty() && no_clusters && flags.collectors.on(Collector::Probes) {
         let mut v = volume_from_flag(
             &format!("{DEFAULT_VOLUME_NAME}={DEFAULT_VOLUME_PATH}"),
             &flagged,
@@ -314,7 +392,17 @@ pub(crate) fn build(
         v.name = DEFAULT_VOLUME_NAME.to_string();
         volumes.push(v);
     }
+    Ok((volumes, flagged))
+}
 
+/// Refuses two volumes with one name or one probe directory, and a volume
+/// whose window would hold too many samples.
+fn volumes_apart(
+    raw: &RawConfig,
+    volumes: &[VolumeSpec],
+    window: Duration,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<(), ConfigError> {
     let mut names = HashSet::new();
     let mut probe_dirs = HashSet::new();
     for (i, v) in volumes.iter().enumerate() {
@@ -347,41 +435,15 @@ pub(crate) fn build(
             return Err(invalid(origin, "window", why));
         }
     }
+    Ok(())
+}
 
-    // Discovered volumes take [defaults], then the --probe.* flags, like
-    // --probe.path volumes (their sync method follows the cluster instead).
-    let volume_defaults = flagged;
-    if !clusters.is_empty()
-        && let Some(why) = window_too_big(window, &volume_defaults, "on the discovered volumes")
-    {
-        return Err(invalid(
-            at(raw.window.as_ref().map(|w| w.span())),
-            "window",
-            why,
-        ));
-    }
-    let limits = LimitsSettings {
-        interval: top(
-            &raw.limits_interval,
-            Knob::LimitsInterval,
-            DEFAULT_LIMITS_INTERVAL,
-        )?,
-        cgroup_root: raw
-            .cgroup_root
-            .as_ref()
-            .map(|p| absolute(p.get_ref()))
-            .unwrap_or_else(|| PathBuf::from("/sys/fs/cgroup")),
-        proc_root: raw
-            .proc_root
-            .as_ref()
-            .map(|p| absolute(p.get_ref()))
-            .unwrap_or_else(|| PathBuf::from("/proc")),
-        sys_root: raw
-            .sys_root
-            .as_ref()
-            .map(|p| absolute(p.get_ref()))
-            .unwrap_or_else(|| PathBuf::from("/sys")),
-    };
+/// The audit's schedule and silenced codes: `[audit]`, and the
+/// `audit.ignore` of each `[[volume]]` and `[[cluster]]`.
+fn audit_settings(
+    raw: &RawConfig,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<AuditSettings, ConfigError> {
     // An unknown code in an ignore list is refused rather than silently
     // ignoring nothing: a typo would otherwise keep paging.
     let ignore_list =
@@ -403,17 +465,14 @@ pub(crate) fn build(
             Ok(out)
         };
     let mut audit = AuditSettings {
-        interval: top(
+        interval: top_duration(
             &raw.audit_interval,
             Knob::AuditInterval,
             DEFAULT_AUDIT_INTERVAL,
+            at,
         )?,
         ignore: ignore_list(&raw.audit, "audit.ignore".to_string())?,
-        host_root: raw
-            .host_root
-            .as_ref()
-            .map(|p| absolute(p.get_ref()))
-            .unwrap_or_else(|| PathBuf::from("/")),
+        host_root: root(&raw.host_root, "/"),
         ..AuditSettings::default()
     };
     for (i, v) in raw.volume.iter().enumerate() {
@@ -428,22 +487,7 @@ pub(crate) fn build(
             audit.clusters.insert(c.name.get_ref().clone(), codes);
         }
     }
-    // --no-collector.probes: everything above is still validated (a
-    // mistake in the file is reported now, not when probes are turned on
-    // again), then nothing is probed.
-    if !probes {
-        volumes.clear();
-    }
-    Ok(Config {
-        window,
-        shutdown_timeout,
-        volumes,
-        clusters,
-        volume_defaults,
-        limits,
-        collectors: flags.collectors,
-        audit,
-    })
+    Ok(audit)
 }
 
 /// Why `window` would hold too many samples per op at these probe settings
@@ -534,73 +578,14 @@ fn clusters(
     at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
     env: crate::postgres::dsn::Env<'_>,
 ) -> Result<Vec<ClusterConfig>, ConfigError> {
-    use crate::postgres::{ClusterConfig as Collector, dsn};
     let mut out: Vec<ClusterConfig> = Vec::new();
     // Where each cluster's name comes from, for a duplicate: the origin,
     // and how the name was given. Never the DSN: it may hold a password.
     let mut named: Vec<(Origin, String)> = Vec::new();
     for (i, c) in raw.iter().enumerate() {
-        let key = |k: &str| format!("cluster[{i}].{k}");
-        let invalid =
-            |span: std::ops::Range<usize>, k: &str, message: String| ConfigError::Invalid {
-                origin: at(Some(span)),
-                key: key(k),
-                message,
-            };
-        let name = c.name.get_ref().clone();
-        validate_cluster_name(&name).map_err(|m| invalid(c.name.span(), "name", m))?;
-        let origin = at(Some(c.name.span()));
-        named.push((origin.clone(), format!("{origin} ({})", key("name"))));
-        let password_file = c.password_file.as_ref().map(|p| absolute(p.get_ref()));
-        let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref()).map_err(|e| {
-            // The password_file key's own file is blamed on that key's
-            // line; a passfile named in the DSN stays with the DSN.
-            match (&e, &c.password_file, &password_file) {
-                (dsn::DsnError::PasswordFile { path, .. }, Some(written), Some(read))
-                    if path == read =>
-                {
-                    invalid(written.span(), "password_file", e.to_string())
-                }
-                _ => invalid(c.dsn.span(), "dsn", e.to_string()),
-            }
-        })?;
-        let dur =
-            |v: &Option<Sp<crate::units::HumanDuration>>, knob: Knob, default: Duration| match v {
-                Some(x) => knob
-                    .check_written(x.get_ref().0)
-                    .map_err(|m| invalid(x.span(), knob.range().key, m)),
-                None => Ok(default),
-            };
-        out.push(ClusterConfig {
-            collector: Collector {
-                name,
-                dsn: c.dsn.get_ref().clone(),
-                password_file,
-                scrape_interval: dur(
-                    &c.scrape_interval,
-                    Knob::ScrapeInterval,
-                    DEFAULT_SCRAPE_INTERVAL,
-                )?,
-                wait_sampling_interval: dur(
-                    &c.wait_sampling_interval,
-                    Knob::WaitSamplingInterval,
-                    DEFAULT_WAIT_SAMPLING_INTERVAL,
-                )?,
-                statement_timeout: dur(
-                    &c.statement_timeout,
-                    Knob::StatementTimeout,
-                    DEFAULT_STATEMENT_TIMEOUT,
-                )?,
-                discover_volumes: c
-                    .discover_volumes
-                    .as_ref()
-                    .map(|b| *b.get_ref())
-                    .unwrap_or(true)
-                    && flags.collectors.on(crate::types::Collector::Probes),
-                collectors: flags.collectors,
-            },
-            target,
-        });
+        let (cluster, how) = cluster_from_file(i, c, flags, at, env)?;
+        out.push(cluster);
+        named.push(how);
     }
     if let Some(i) = flags.pg_scrape_interval {
         Knob::ScrapeInterval
@@ -611,6 +596,91 @@ fn clusters(
                 message,
             })?;
     }
+    clusters_from_flags(flags, env, &mut out, &mut named)?;
+    unique_cluster_names(&out, &named)?;
+    Ok(out)
+}
+
+/// The `[[cluster]]` table `i`, with where its name comes from (origin,
+/// and how it was given).
+fn cluster_from_file(
+    i: usize,
+    c: &raw::RawCluster,
+    flags: &FlagOverrides,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+    env: crate::postgres::dsn::Env<'_>,
+) -> Result<(ClusterConfig, (Origin, String)), ConfigError> {
+    use crate::postgres::{ClusterConfig as Collector, dsn};
+    let key = |k: &str| format!("cluster[{i}].{k}");
+    let invalid = |span: std::ops::Range<usize>, k: &str, message: String| ConfigError::Invalid {
+        origin: at(Some(span)),
+        key: key(k),
+        message,
+    };
+    let name = c.name.get_ref().clone();
+    validate_cluster_name(&name).map_err(|m| invalid(c.name.span(), "name", m))?;
+    let origin = at(Some(c.name.span()));
+    let how = format!("{origin} ({})", key("name"));
+    let password_file = c.password_file.as_ref().map(|p| absolute(p.get_ref()));
+    let target = dsn::target(c.dsn.get_ref(), env, password_file.as_deref()).map_err(|e| {
+        // The password_file key's own file is blamed on that key's
+        // line; a passfile named in the DSN stays with the DSN.
+        match (&e, &c.password_file, &password_file) {
+            (dsn::DsnError::PasswordFile { path, .. }, Some(written), Some(read))
+                if path == read =>
+            {
+                invalid(written.span(), "password_file", e.to_string())
+            }
+            _ => invalid(c.dsn.span(), "dsn", e.to_string()),
+        }
+    })?;
+    let dur = |v: &Option<Sp<crate::units::HumanDuration>>, knob: Knob, default: Duration| match v {
+        Some(x) => knob
+            .check_written(x.get_ref().0)
+            .map_err(|m| invalid(x.span(), knob.range().key, m)),
+        None => Ok(default),
+    };
+    let cluster = ClusterConfig {
+        collector: Collector {
+            name,
+            dsn: c.dsn.get_ref().clone(),
+            password_file,
+            scrape_interval: dur(
+                &c.scrape_interval,
+                Knob::ScrapeInterval,
+                DEFAULT_SCRAPE_INTERVAL,
+            )?,
+            wait_sampling_interval: dur(
+                &c.wait_sampling_interval,
+                Knob::WaitSamplingInterval,
+                DEFAULT_WAIT_SAMPLING_INTERVAL,
+            )?,
+            statement_timeout: dur(
+                &c.statement_timeout,
+                Knob::StatementTimeout,
+                DEFAULT_STATEMENT_TIMEOUT,
+            )?,
+            discover_volumes: c
+                .discover_volumes
+                .as_ref()
+                .map(|b| *b.get_ref())
+                .unwrap_or(true)
+                && flags.collectors.on(crate::types::Collector::Probes),
+            collectors: flags.collectors,
+        },
+        target,
+    };
+    Ok((cluster, (origin, how)))
+}
+
+/// The clusters of `--pg.dsn` and `DATA_SOURCE_NAME`, after the file's.
+fn clusters_from_flags(
+    flags: &FlagOverrides,
+    env: crate::postgres::dsn::Env<'_>,
+    out: &mut Vec<ClusterConfig>,
+    named: &mut Vec<(Origin, String)>,
+) -> Result<(), ConfigError> {
+    use crate::postgres::{ClusterConfig as Collector, dsn};
     let given = flags
         .pg_dsns
         .iter()
@@ -666,6 +736,14 @@ fn clusters(
             target,
         });
     }
+    Ok(())
+}
+
+/// Refuses two clusters with one name, saying where each was given.
+fn unique_cluster_names(
+    out: &[ClusterConfig],
+    named: &[(Origin, String)],
+) -> Result<(), ConfigError> {
     for (j, c) in out.iter().enumerate() {
         let name = &c.collector.name;
         if let Some(i) = out[..j].iter().position(|o| o.collector.name == *name) {
@@ -682,7 +760,7 @@ fn clusters(
             });
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// 1st, 2nd, 3rd, 4th... for messages.

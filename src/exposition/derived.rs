@@ -11,7 +11,7 @@ use crate::limits::caps::CapBasis;
 use crate::model::ceiling::{commit_ceiling, rate_ceiling, sync_ratio};
 use crate::model::plateau::DepthPoint;
 use crate::postgres::ClusterSnapshot;
-use crate::probe::state::{Snapshot, VolumeState};
+use crate::probe::state::{Snapshot, SweepResult, VolumeState};
 use crate::types::{Op, Phase, Resource, series};
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
@@ -104,6 +104,20 @@ pub(crate) fn encode(
     limits: &LimitsSnapshot,
     ops: &[Op],
 ) -> std::fmt::Result {
+    encode_window(enc, snaps, ops)?;
+    encode_volume_info(enc, snaps)?;
+    encode_ceilings(enc, snaps, clusters, limits)?;
+    encode_sweeps(enc, snaps)?;
+    encode_sync_ratio(enc, snaps, clusters)
+}
+
+/// The probes' sliding windows: sample counts per series, the slowdown in
+/// force and the age of the operation in flight.
+fn encode_window(
+    enc: Enc<'_, '_>,
+    snaps: &[(Arc<VolumeState>, Snapshot)],
+    ops: &[Op],
+) -> std::fmt::Result {
     let mut samples = Vec::new();
     for (v, s) in snaps {
         for &op in ops {
@@ -151,8 +165,14 @@ pub(crate) fn encode(
             let age = s.in_flight.map(|(_, d)| d.as_secs_f64()).unwrap_or(0.0);
             ([("volume", v.name.as_str())], age)
         }),
-    )?;
+    )
+}
 
+/// `pgstorage_volume_info`: what is probed on each volume and how.
+fn encode_volume_info(
+    enc: Enc<'_, '_>,
+    snaps: &[(Arc<VolumeState>, Snapshot)],
+) -> std::fmt::Result {
     let paths: Vec<String> = snaps
         .iter()
         .map(|(v, _)| v.path.display().to_string())
@@ -193,8 +213,17 @@ pub(crate) fn encode(
                 1.0,
             )
         }),
-    )?;
+    )
+}
 
+/// The commit ceilings of every basis, what the cap basis is computed
+/// from, and the ceiling in force.
+fn encode_ceilings(
+    enc: Enc<'_, '_>,
+    snaps: &[(Arc<VolumeState>, Snapshot)],
+    clusters: &[ClusterSnapshot],
+    limits: &LimitsSnapshot,
+) -> std::fmt::Result {
     let mut ceilings: Vec<([(&str, &str); 2], f64)> = Vec::new();
     for (v, s) in snaps {
         if let Some(c) = probe_ceiling(s) {
@@ -276,100 +305,109 @@ pub(crate) fn encode(
         "The commit ceiling in force on the volume: the lowest of the bases probe_mean, postgres \
          and cap that are available.",
         in_force,
-    )?;
+    )
+}
 
+/// One workload's depths in every volume's latest sweep.
+fn sweep_rows<'a>(sweeps: &[(&'a str, SweepResult)], resource: Resource) -> Vec<SweepRow<'a>> {
+    let mut rows = Vec::new();
+    for (volume, s) in sweeps {
+        for t in s.tables.iter().filter(|t| t.resource == resource) {
+            let w = t.workload();
+            for p in &t.points {
+                rows.push(SweepRow {
+                    volume,
+                    depth: p.depth.to_string(),
+                    rate: w.rate(p),
+                    point: *p,
+                });
+            }
+        }
+    }
+    rows
+}
+
+/// A workload's rate at each depth, labelled by volume and depth.
+fn sweep_rates(rows: &[SweepRow<'_>]) -> Vec<([(&'static str, String); 2], f64)> {
+    rows.iter()
+        .map(|r| {
+            (
+                [("volume", r.volume.to_string()), ("depth", r.depth.clone())],
+                r.rate,
+            )
+        })
+        .collect()
+}
+
+/// A workload's mean and p99 latency at each depth.
+fn sweep_latencies(rows: &[SweepRow<'_>]) -> Vec<([(&'static str, String); 3], f64)> {
+    rows.iter()
+        .flat_map(|r| {
+            [("mean", r.point.mean), ("p99", r.point.p99)].map(|(stat, v)| {
+                (
+                    [
+                        ("volume", r.volume.to_string()),
+                        ("depth", r.depth.clone()),
+                        ("stat", stat.to_string()),
+                    ],
+                    v,
+                )
+            })
+        })
+        .collect()
+}
+
+/// The `pgstorage_sweep_*` families of each volume's latest queue-depth
+/// sweep.
+fn encode_sweeps(enc: Enc<'_, '_>, snaps: &[(Arc<VolumeState>, Snapshot)]) -> std::fmt::Result {
     let sweeps: Vec<_> = snaps
         .iter()
         .filter_map(|(v, _)| v.sweep().map(|s| (v.name.as_str(), s)))
         .collect();
-    // One workload's depths in every volume's latest sweep.
-    let table = |resource: Resource| -> Vec<SweepRow<'_>> {
-        let mut rows = Vec::new();
-        for (volume, s) in &sweeps {
-            for t in s.tables.iter().filter(|t| t.resource == resource) {
-                let w = t.workload();
-                for p in &t.points {
-                    rows.push(SweepRow {
-                        volume,
-                        depth: p.depth.to_string(),
-                        rate: w.rate(p),
-                        point: *p,
-                    });
-                }
-            }
-        }
-        rows
-    };
-    let rates = |rows: &[SweepRow<'_>]| -> Vec<([(&'static str, String); 2], f64)> {
-        rows.iter()
-            .map(|r| {
-                (
-                    [("volume", r.volume.to_string()), ("depth", r.depth.clone())],
-                    r.rate,
-                )
-            })
-            .collect()
-    };
-    let latencies = |rows: &[SweepRow<'_>]| -> Vec<([(&'static str, String); 3], f64)> {
-        rows.iter()
-            .flat_map(|r| {
-                [("mean", r.point.mean), ("p99", r.point.p99)].map(|(stat, v)| {
-                    (
-                        [
-                            ("volume", r.volume.to_string()),
-                            ("depth", r.depth.clone()),
-                            ("stat", stat.to_string()),
-                        ],
-                        v,
-                    )
-                })
-            })
-            .collect()
-    };
-    let read_iops = table(Resource::ReadIops);
-    let write_iops = table(Resource::WriteIops);
+    let read_iops = sweep_rows(&sweeps, Resource::ReadIops);
+    let write_iops = sweep_rows(&sweeps, Resource::WriteIops);
     gauge(
         enc,
         "pgstorage_sweep_read_iops",
         "IOPS of 8 KiB O_DIRECT random reads at each queue depth in the latest queue-depth sweep \
          (off unless sweep_every is set). IOPS that stop growing with depth while latency grows in \
          proportion is a cap: see pgstorage_io_limit{source=\"detected\"}.",
-        rates(&read_iops),
+        sweep_rates(&read_iops),
     )?;
     gauge(
         enc,
         "pgstorage_sweep_read_latency_seconds",
         "Mean (stat=mean) and p99 (stat=p99) latency of the 8 KiB random reads at each queue depth \
          in the latest sweep.",
-        latencies(&read_iops),
+        sweep_latencies(&read_iops),
     )?;
     gauge(
         enc,
         "pgstorage_sweep_write_iops",
         "IOPS of 8 KiB O_DIRECT random writes into the sweep file at each queue depth in the latest \
          queue-depth sweep.",
-        rates(&write_iops),
+        sweep_rates(&write_iops),
     )?;
     gauge(
         enc,
         "pgstorage_sweep_write_latency_seconds",
         "Mean (stat=mean) and p99 (stat=p99) latency of the 8 KiB random writes at each queue depth \
          in the latest sweep.",
-        latencies(&write_iops),
+        sweep_latencies(&write_iops),
     )?;
     gauge(
         enc,
         "pgstorage_sweep_read_bytes_per_second",
         "Bytes per second of 256 KiB O_DIRECT sequential reads at each queue depth in the latest \
          queue-depth sweep.",
-        rates(&table(Resource::ReadBytesPerSecond)),
+        sweep_rates(&sweep_rows(&sweeps, Resource::ReadBytesPerSecond)),
     )?;
     gauge(
         enc,
         "pgstorage_sweep_write_bytes_per_second",
         "Bytes per second of 256 KiB O_DIRECT sequential writes into the sweep file at each queue \
          depth in the latest queue-depth sweep.",
-        rates(&table(Resource::WriteBytesPerSecond)),
+        sweep_rates(&sweep_rows(&sweeps, Resource::WriteBytesPerSecond)),
     )?;
     gauge(
         enc,
@@ -378,8 +416,16 @@ pub(crate) fn encode(
         sweeps
             .iter()
             .map(|(vol, s)| ([("volume", *vol)], s.finished_unix)),
-    )?;
+    )
+}
 
+/// `pgstorage_pg_wal_sync_probe_ratio`: each cluster's WAL syncs against
+/// the probe's on its WAL volume.
+fn encode_sync_ratio(
+    enc: Enc<'_, '_>,
+    snaps: &[(Arc<VolumeState>, Snapshot)],
+    clusters: &[ClusterSnapshot],
+) -> std::fmt::Result {
     let mut ratios = Vec::new();
     for c in clusters {
         let (Some(vol), Some(pg)) = (c.wal_volume(), c.wal_sync_mean) else {

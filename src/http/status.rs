@@ -20,6 +20,7 @@ use crate::limits::LimitsSnapshot;
 use crate::model::ceiling::sync_ratio;
 use crate::model::verdict::{Observed, OpStats, fmt_seconds, warnings};
 use crate::postgres::ClusterSnapshot;
+use crate::probe::counts::SetupNote;
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Op, Phase, series};
 
@@ -218,9 +219,20 @@ fn op_stats(s: &Snapshot, op: Op, phase: Phase) -> Option<OpStats> {
 fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) -> usize {
     let name = esc(&v.name);
     let _ = write!(o, "<h2 id=\"volume-{name}\">Volume {name}</h2>");
-
     let setup_note = v.counts.last_setup_error();
-    // What is probed and how.
+    probe_table(o, v, s, setup_note.as_ref());
+    latency_table(o, v, s);
+    let mut findings: Vec<String> = Vec::new();
+    commit_ceiling(o, v, s, snap, &mut findings);
+    caps(o, &v.name, &snap.limits, &mut findings);
+    probe_errors(o, v, setup_note.as_ref(), &mut findings);
+    probe_findings(v, s, &snap.clusters, &mut findings);
+    findings_list(o, &findings);
+    findings.len()
+}
+
+/// What is probed on the volume and how.
+fn probe_table(o: &mut String, v: &VolumeState, s: &Snapshot, setup_note: Option<&SetupNote>) {
     let probes = match (v.commit_probe, v.read_probe) {
         (true, true) => "commit, read",
         (true, false) => "commit",
@@ -251,7 +263,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         dir = esc(&v.probe_dir_path.display().to_string()),
         dev = esc(&s.fs.device),
         fstype = esc(&s.fs.fstype),
-        engine = match (s.engine, &setup_note) {
+        engine = match (s.engine, setup_note) {
             (None, _) => "not set up".to_string(),
             (Some(e), Some(n)) if n.cause != "no_direct_io" => {
                 format!("{} (probe files not set up)", e.as_str())
@@ -264,8 +276,10 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
             "-"
         },
     );
+}
 
-    // Latency: busy and after idle.
+/// The probes' latency: busy and after idle.
+fn latency_table(o: &mut String, v: &VolumeState, s: &Snapshot) {
     o.push_str(
         "<h3>Latency</h3><table class=\"latency\"><tr><th>op</th>\
          <th>busy p50</th><th>busy p99</th><th>after idle p50</th><th>after idle p99</th>\
@@ -298,9 +312,17 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         );
     }
     o.push_str("</table>");
+}
 
-    // Commit ceiling.
-    let mut findings: Vec<String> = Vec::new();
+/// The commit ceilings of every basis and the one in force, with a finding
+/// when a write-IOPS cap holds commits below what the storage answers.
+fn commit_ceiling(
+    o: &mut String,
+    v: &VolumeState,
+    s: &Snapshot,
+    snap: &ScrapeSnapshot,
+    findings: &mut Vec<String>,
+) {
     let bases = commit_bases(v, s, &snap.clusters, &snap.limits);
     let in_force = ceiling_in_force(&bases);
     if v.commit_probe || !bases.is_empty() {
@@ -360,11 +382,15 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
             ));
         }
     }
+}
 
-    // Caps.
-    caps(o, &v.name, &snap.limits, &mut findings);
-
-    // Probe errors.
+/// The probe errors since start and the latest setup error.
+fn probe_errors(
+    o: &mut String,
+    v: &VolumeState,
+    setup_note: Option<&SetupNote>,
+    findings: &mut Vec<String>,
+) {
     let errors: Vec<_> = v
         .counts
         .errors()
@@ -386,7 +412,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         }
         o.push_str("</table>");
     }
-    if let Some(note) = &setup_note {
+    if let Some(note) = setup_note {
         let _ = write!(
             o,
             "<p class=\"bad setup-error\">Setup error ({}): {}</p>",
@@ -402,8 +428,16 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
             )
         });
     }
+}
 
-    // Findings.
+/// Findings from the window: a hung probe, no samples yet, PostgreSQL's
+/// syncs slower than the probe's, and the verdict's warnings.
+fn probe_findings(
+    v: &VolumeState,
+    s: &Snapshot,
+    clusters: &[ClusterSnapshot],
+    findings: &mut Vec<String>,
+) {
     if let Some((op, age)) = s.in_flight
         && age > v.timeout
     {
@@ -418,7 +452,7 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
     if !any_samples && (v.commit_probe || v.read_probe) {
         findings.push("No probe has completed within the window yet.".to_string());
     }
-    for c in &snap.clusters {
+    for c in clusters {
         if c.wal_volume() != Some(v.name.as_str()) {
             continue;
         }
@@ -459,18 +493,21 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
         }
         m
     }));
+}
+
+/// The findings gathered above, or that there are none.
+fn findings_list(o: &mut String, findings: &[String]) {
     o.push_str("<h3>Findings</h3>");
     if findings.is_empty() {
         o.push_str("<p>Nothing to report.</p>");
     } else {
         o.push_str("<ul class=\"findings\">");
-        for f in &findings {
+        for f in findings {
             // Findings are built from escaped parts.
             let _ = write!(o, "<li>{f}</li>");
         }
         o.push_str("</ul>");
     }
-    findings.len()
 }
 
 fn caps(o: &mut String, volume: &str, limits: &LimitsSnapshot, findings: &mut Vec<String>) {

@@ -305,143 +305,217 @@ fn collect(
         .at
         .map(|t| now.duration_since(t).as_secs_f64())
         .filter(|d| *d > 0.0);
-    let mut out = LimitsSnapshot::default();
     let clusters = inputs.clusters();
-    // The hierarchies under cgroup_root, looked at once per pass. `None`:
-    // cgroup reading is off (an empty directory) or failed (counted).
-    let layout = errors.note(cgroup::detect(&cfg.cgroup_root)).flatten();
-    let locate = |cg: &ProcCgroups| layout.as_ref().and_then(|l| l.locate(cg));
-    let own = errors
-        .note(read_proc_cgroup(&cfg.proc_root, "self"))
-        .flatten()
-        .and_then(|c| locate(&c));
-    let own_alone = own
-        .as_ref()
-        .is_some_and(|o| cgroup::alone(o, std::process::id()));
-    // cluster name → located postmaster cgroup.
-    let mut pg: BTreeMap<String, Located> = BTreeMap::new();
-    for c in &clusters {
-        let Some(dd) = &c.data_directory else {
-            continue;
-        };
-        let Some(pid) = errors.note(postmaster_pid(dd)).flatten() else {
-            continue;
-        };
-        if let Some(loc) = errors
-            .note(read_proc_cgroup(&cfg.proc_root, &pid.to_string()))
-            .flatten()
-            .and_then(|cg| locate(&cg))
-        {
-            pg.insert(c.name.clone(), loc);
-        }
-    }
+    let cgroups = PassCgroups::read(cfg, &clusters, errors);
     // A failed read leaves no baseline: the next good reading starts over
     // rather than spanning the gap with a rate.
     let disk_stats = errors
         .note(diskstats::read(&cfg.proc_root))
         .unwrap_or_default();
-    let mut next_cgroup = BTreeMap::new();
-    let mut next_own = BTreeMap::new();
-    let mut seen_pressure = Vec::new();
-    // disk → (tightest write-IOPS cap that counts the exporter's own IO,
-    // the exporter's planned device writes per second on the disk).
-    let mut own_share: BTreeMap<String, (Option<f64>, f64)> = BTreeMap::new();
+    let mut pass = VolumePass {
+        dt,
+        ..VolumePass::default()
+    };
     for v in vols {
         let disk = match &v.disk {
-            Ok(d) => d.clone(),
+            Ok(d) => d,
             Err(reason) => {
-                if let Some(r) = reason {
-                    out.no_disk.insert(v.name.clone(), r.clone());
-                }
-                // Provisioned limits are still facts about the volume,
-                // without a disk to measure their utilization on.
-                for (resource, value) in &v.provisioned {
-                    out.rows.push(LimitRow {
-                        volume: v.name.clone(),
-                        source: "provisioned",
-                        resource: *resource,
-                        value: *value as f64,
-                        utilization: None,
-                    });
-                }
+                pass.without_disk(v, reason.as_ref());
                 continue;
             }
         };
         let cluster = clusters
             .iter()
             .find(|c| c.volumes.iter().any(|(vol, _)| *vol == v.name));
+        pass.cgroup_limits(v, disk, cluster, &cgroups, prev, errors);
+        pass.disk_limits(v, disk, &disk_stats, prev);
+        pass.writes_per_probe(v, disk, vols, &cgroups, prev, errors);
+        pass.own_cap_share(v, disk, &cgroups, prev, errors);
+    }
+    set_slowdowns(inputs, vols, &pass.own_share);
+    // Keep the own-counter baseline only when probes advanced enough, so
+    // slow probe rates still accumulate three probes.
+    for (k, v) in pass.next_own {
+        let keep_old = prev.own.get(&k).is_some_and(|&(_, pp)| v.1 < pp + 3);
+        if !keep_old {
+            prev.own.insert(k, v);
+        }
+    }
+    prev.cgroup = pass.next_cgroup;
+    prev.disks = disk_stats;
+    prev.at = Some(now);
+    pass.out
+}
+
+/// The cgroups a pass reads limits from, found once per pass.
+struct PassCgroups {
+    /// The hierarchies under cgroup_root. `None`: cgroup reading is off (an
+    /// empty directory) or failed (counted).
+    layout: Option<cgroup::Layout>,
+    /// The exporter's own cgroup.
+    own: Option<Located>,
+    /// Whether the exporter is the only process in `own`.
+    own_alone: bool,
+    /// cluster name → located postmaster cgroup.
+    pg: BTreeMap<String, Located>,
+}
+
+impl PassCgroups {
+    fn read(cfg: &LimitsSettings, clusters: &[ClusterInput], errors: &mut PassErrors) -> Self {
+        let layout = errors.note(cgroup::detect(&cfg.cgroup_root)).flatten();
+        let mut cgroups = PassCgroups {
+            layout,
+            own: None,
+            own_alone: false,
+            pg: BTreeMap::new(),
+        };
+        let own = errors
+            .note(read_proc_cgroup(&cfg.proc_root, "self"))
+            .flatten()
+            .and_then(|c| cgroups.locate(&c));
+        cgroups.own_alone = own
+            .as_ref()
+            .is_some_and(|o| cgroup::alone(o, std::process::id()));
+        cgroups.own = own;
+        for c in clusters {
+            let Some(dd) = &c.data_directory else {
+                continue;
+            };
+            let Some(pid) = errors.note(postmaster_pid(dd)).flatten() else {
+                continue;
+            };
+            if let Some(loc) = errors
+                .note(read_proc_cgroup(&cfg.proc_root, &pid.to_string()))
+                .flatten()
+                .and_then(|cg| cgroups.locate(&cg))
+            {
+                cgroups.pg.insert(c.name.clone(), loc);
+            }
+        }
+        cgroups
+    }
+
+    fn locate(&self, cg: &ProcCgroups) -> Option<Located> {
+        self.layout.as_ref().and_then(|l| l.locate(cg))
+    }
+}
+
+/// What a pass gathers volume by volume: the snapshot it publishes, and
+/// the baselines the next pass computes rates from.
+#[derive(Default)]
+struct VolumePass {
+    /// Seconds since the previous pass; `None` on the first.
+    dt: Option<f64>,
+    out: LimitsSnapshot,
+    /// (volume, scope) → cgroup counters on the volume's disk.
+    next_cgroup: BTreeMap<(String, String), Counters>,
+    /// volume → (exporter's write IOs on the disk, commit probes so far).
+    next_own: BTreeMap<String, (u64, u64)>,
+    /// The cgroups whose PSI totals are already in `out`.
+    seen_pressure: Vec<String>,
+    /// disk → (tightest write-IOPS cap that counts the exporter's own IO,
+    /// the exporter's planned device writes per second on the disk).
+    own_share: BTreeMap<String, (Option<f64>, f64)>,
+}
+
+impl VolumePass {
+    /// A volume whose disk is unknown: why, and its provisioned limits.
+    fn without_disk(&mut self, v: &VolumeInput, reason: Option<&String>) {
+        if let Some(r) = reason {
+            self.out.no_disk.insert(v.name.clone(), r.clone());
+        }
+        // Provisioned limits are still facts about the volume, without a
+        // disk to measure their utilization on.
+        for (resource, value) in &v.provisioned {
+            self.out.rows.push(LimitRow {
+                volume: v.name.clone(),
+                source: "provisioned",
+                resource: *resource,
+                value: *value as f64,
+                utilization: None,
+            });
+        }
+    }
+
+    /// The limits of the cgroup that binds the volume's users (a configured
+    /// one, else the postmaster's of the cluster on it, else the
+    /// exporter's), with their utilization and the cgroup's PSI totals.
+    fn cgroup_limits(
+        &mut self,
+        v: &VolumeInput,
+        disk: &DiskInput,
+        cluster: Option<&ClusterInput>,
+        cgroups: &PassCgroups,
+        prev: &Prev,
+        errors: &mut PassErrors,
+    ) {
         let configured = v.cgroup.as_ref().and_then(|p| {
-            locate(&ProcCgroups {
+            cgroups.locate(&ProcCgroups {
                 v2: Some(p.clone()),
                 blkio: Some(p.clone()),
             })
         });
         let (scope, loc) = match (
             &configured,
-            cluster.and_then(|c| pg.get(&c.name).map(|l| (c, l))),
+            cluster.and_then(|c| cgroups.pg.get(&c.name).map(|l| (c, l))),
         ) {
             (Some(l), _) => ("configured".to_string(), Some(l)),
             (None, Some((c, l))) => (format!("postgres:{}", c.name), Some(l)),
-            (None, None) => ("exporter".to_string(), own.as_ref()),
+            (None, None) => ("exporter".to_string(), cgroups.own.as_ref()),
         };
-        if let Some(loc) = loc {
-            out.cgroups.push(CgroupRow {
+        let Some(loc) = loc else {
+            return;
+        };
+        self.out.cgroups.push(CgroupRow {
+            volume: v.name.clone(),
+            scope: scope.clone(),
+            version: loc.version.as_str(),
+            cgroup: loc.path.clone(),
+            disk: disk.name.clone(),
+        });
+        // Unreadable limits: no rows (unknown), the failure is counted.
+        let limits = errors
+            .note(cgroup::effective_limits(loc, &disk.majmin))
+            .unwrap_or_default();
+        let counters = errors.note(cgroup::counters(loc, &disk.majmin)).flatten();
+        let key = (v.name.clone(), scope.clone());
+        let delta = match (self.dt, counters, prev.cgroup.get(&key)) {
+            (Some(dt), Some(c), Some(p)) => Some((c, *p, dt)),
+            _ => None,
+        };
+        for (resource, value) in limits.resources() {
+            self.out.rows.push(LimitRow {
                 volume: v.name.clone(),
-                scope: scope.clone(),
-                version: loc.version.as_str(),
-                cgroup: loc.path.clone(),
-                disk: disk.name.clone(),
+                source: "cgroup",
+                resource,
+                value: value as f64,
+                utilization: delta
+                    .map(|(c, p, dt)| cgroup_delta(resource, &c, &p) as f64 / dt / value as f64),
             });
-            // Unreadable limits: no rows (unknown), the failure is counted.
-            let limits = errors
-                .note(cgroup::effective_limits(loc, &disk.majmin))
-                .unwrap_or_default();
-            let counters = errors.note(cgroup::counters(loc, &disk.majmin)).flatten();
-            let key = (v.name.clone(), scope.clone());
-            let delta = match (dt, counters, prev.cgroup.get(&key)) {
-                (Some(dt), Some(c), Some(p)) => Some((c, *p, dt)),
-                _ => None,
-            };
-            for (resource, value) in limits.resources() {
-                let utilization = delta.map(|(c, p, dt)| {
-                    let d = match resource {
-                        Resource::ReadIops => c.read_ios.saturating_sub(p.read_ios),
-                        Resource::WriteIops => c.write_ios.saturating_sub(p.write_ios),
-                        Resource::ReadBytesPerSecond => c.read_bytes.saturating_sub(p.read_bytes),
-                        Resource::WriteBytesPerSecond => {
-                            c.write_bytes.saturating_sub(p.write_bytes)
-                        }
-                        // cgroups cap reads and writes apart; these never
-                        // come from Limits::resources.
-                        Resource::Iops => {
-                            (c.read_ios + c.write_ios).saturating_sub(p.read_ios + p.write_ios)
-                        }
-                        Resource::BytesPerSecond => (c.read_bytes + c.write_bytes)
-                            .saturating_sub(p.read_bytes + p.write_bytes),
-                    };
-                    d as f64 / dt / value as f64
-                });
-                out.rows.push(LimitRow {
-                    volume: v.name.clone(),
-                    source: "cgroup",
-                    resource,
-                    value: value as f64,
-                    utilization,
-                });
-            }
-            if let Some(c) = counters {
-                next_cgroup.insert(key, c);
-            }
-            if !seen_pressure.contains(&loc.path) {
-                for (kind, secs) in errors.note(cgroup::pressure(loc)).unwrap_or_default() {
-                    out.pressure
-                        .push((scope.clone(), loc.path.clone(), kind, secs));
-                }
-                seen_pressure.push(loc.path.clone());
-            }
         }
-        // Provisioned limits and the sweep's plateaus: utilization from the
-        // whole disk's counters, every process's IO included.
+        if let Some(c) = counters {
+            self.next_cgroup.insert(key, c);
+        }
+        if !self.seen_pressure.contains(&loc.path) {
+            for (kind, secs) in errors.note(cgroup::pressure(loc)).unwrap_or_default() {
+                self.out
+                    .pressure
+                    .push((scope.clone(), loc.path.clone(), kind, secs));
+            }
+            self.seen_pressure.push(loc.path.clone());
+        }
+    }
+
+    /// Provisioned limits and the sweep's plateaus: utilization from the
+    /// whole disk's counters, every process's IO included.
+    fn disk_limits(
+        &mut self,
+        v: &VolumeInput,
+        disk: &DiskInput,
+        disk_stats: &BTreeMap<String, diskstats::DiskStats>,
+        prev: &Prev,
+    ) {
+        let dt = self.dt;
         let ds_now = disk_stats.get(&disk.name).copied();
         let ds_prev = prev.disks.get(&disk.name).copied();
         let disk_utilization = |resource: Resource, value: f64| match (dt, ds_now, ds_prev) {
@@ -449,7 +523,7 @@ fn collect(
             _ => None,
         };
         for (resource, value) in &v.provisioned {
-            out.rows.push(LimitRow {
+            self.out.rows.push(LimitRow {
                 volume: v.name.clone(),
                 source: "provisioned",
                 resource: *resource,
@@ -459,7 +533,7 @@ fn collect(
         }
         // Plateaus found by the queue-depth sweep.
         for (resource, value) in &v.detected {
-            out.rows.push(LimitRow {
+            self.out.rows.push(LimitRow {
                 volume: v.name.clone(),
                 source: "detected",
                 resource: *resource,
@@ -467,13 +541,27 @@ fn collect(
                 utilization: disk_utilization(*resource, *value),
             });
         }
-        // Writes per commit probe, from the exporter's own cgroup, when the
-        // exporter is alone in it: in a cgroup shared with other processes
-        // (a login session, a CI runner, a container with a shell) their
-        // writes would be charged to the probes, and a throttled disk's
-        // capped ceiling would come out a hundred times too low.
+    }
+
+    /// Writes per commit probe, from the exporter's own cgroup, when the
+    /// exporter is alone in it: in a cgroup shared with other processes
+    /// (a login session, a CI runner, a container with a shell) their
+    /// writes would be charged to the probes, and a throttled disk's
+    /// capped ceiling would come out a hundred times too low.
+    fn writes_per_probe(
+        &mut self,
+        v: &VolumeInput,
+        disk: &DiskInput,
+        vols: &[VolumeInput],
+        cgroups: &PassCgroups,
+        prev: &mut Prev,
+        errors: &mut PassErrors,
+    ) {
         if v.commit_probe
-            && let Some(o) = own.as_ref().filter(|o| o.path != "/" && own_alone)
+            && let Some(o) = cgroups
+                .own
+                .as_ref()
+                .filter(|o| o.path != "/" && cgroups.own_alone)
             && let Some(c) = errors.note(cgroup::counters(o, &disk.majmin)).flatten()
         {
             // The exporter's writes on a disk come from every commit-probing
@@ -496,17 +584,28 @@ fn collect(
             // Only once probing has begun: the probe files are written
             // before the first probe, and those writes are not a probe's.
             if probes > 0 {
-                next_own.insert(v.name.clone(), (c.write_ios, probes));
+                self.next_own.insert(v.name.clone(), (c.write_ios, probes));
             }
         }
         if let Some(w) = prev.wpp.get(&v.name) {
-            out.writes_per_probe.insert(v.name.clone(), *w);
+            self.out.writes_per_probe.insert(v.name.clone(), *w);
         }
-        // Caps that count the probes' own writes: the exporter's own cgroup
-        // path (whatever ancestor sets it), the provisioned figures and the
-        // sweep's write-IOPS plateau (found with the exporter's own writes,
-        // so whatever enforces it counts them). A cap on PostgreSQL's cgroup
-        // alone does not see the probes.
+    }
+
+    /// Adds the volume to its disk's [`Self::own_share`]: caps that count
+    /// the probes' own writes, and the writes its probes plan. Those caps
+    /// are the exporter's own cgroup path (whatever ancestor sets it), the
+    /// provisioned figures and the sweep's write-IOPS plateau (found with
+    /// the exporter's own writes, so whatever enforces it counts them). A
+    /// cap on PostgreSQL's cgroup alone does not see the probes.
+    fn own_cap_share(
+        &mut self,
+        v: &VolumeInput,
+        disk: &DiskInput,
+        cgroups: &PassCgroups,
+        prev: &Prev,
+        errors: &mut PassErrors,
+    ) {
         let provisioned = v
             .provisioned
             .iter()
@@ -529,15 +628,18 @@ fn collect(
         };
         // The exporter's cgroup limits on a disk are the same for every
         // volume on it: read them once per disk and pass.
-        let e = own_share.entry(disk.majmin.clone()).or_insert_with(|| {
-            let own_cap = own.as_ref().and_then(|o| {
-                errors
-                    .note(cgroup::effective_limits(o, &disk.majmin))
-                    .and_then(|l| l.write_iops)
-                    .map(|n| n as f64)
+        let e = self
+            .own_share
+            .entry(disk.majmin.clone())
+            .or_insert_with(|| {
+                let own_cap = cgroups.own.as_ref().and_then(|o| {
+                    errors
+                        .note(cgroup::effective_limits(o, &disk.majmin))
+                        .and_then(|l| l.write_iops)
+                        .map(|n| n as f64)
+                });
+                (own_cap, 0.0)
             });
-            (own_cap, 0.0)
-        });
         e.0 = provisioned
             .chain(detected)
             .chain(v.throttled_write_iops)
@@ -545,6 +647,32 @@ fn collect(
             .reduce(f64::min);
         e.1 += planned;
     }
+}
+
+/// What the cgroup counters `c` counted toward `resource` since `p`.
+fn cgroup_delta(resource: Resource, c: &Counters, p: &Counters) -> u64 {
+    match resource {
+        Resource::ReadIops => c.read_ios.saturating_sub(p.read_ios),
+        Resource::WriteIops => c.write_ios.saturating_sub(p.write_ios),
+        Resource::ReadBytesPerSecond => c.read_bytes.saturating_sub(p.read_bytes),
+        Resource::WriteBytesPerSecond => c.write_bytes.saturating_sub(p.write_bytes),
+        // cgroups cap reads and writes apart; these never come from
+        // Limits::resources.
+        Resource::Iops => (c.read_ios + c.write_ios).saturating_sub(p.read_ios + p.write_ios),
+        Resource::BytesPerSecond => {
+            (c.read_bytes + c.write_bytes).saturating_sub(p.read_bytes + p.write_bytes)
+        }
+    }
+}
+
+/// Stretches each volume's probe schedule so that the probes' own writes
+/// stay under 2 % of the tightest write-IOPS cap on its disk that counts
+/// them ([`pacing::slowdown`]), and logs each change.
+fn set_slowdowns(
+    inputs: &dyn Inputs,
+    vols: &[VolumeInput],
+    own_share: &BTreeMap<String, (Option<f64>, f64)>,
+) {
     for v in vols {
         let Ok(disk) = &v.disk else { continue };
         let Some(&(cap, planned)) = own_share.get(&disk.majmin) else {
@@ -563,18 +691,6 @@ fn collect(
             );
         }
     }
-    // Keep the own-counter baseline only when probes advanced enough, so
-    // slow probe rates still accumulate three probes.
-    for (k, v) in next_own {
-        let keep_old = prev.own.get(&k).is_some_and(|&(_, pp)| v.1 < pp + 3);
-        if !keep_old {
-            prev.own.insert(k, v);
-        }
-    }
-    prev.cgroup = next_cgroup;
-    prev.disks = disk_stats;
-    prev.at = Some(now);
-    out
 }
 
 /// What `d` (a whole disk's counter deltas) counts toward `resource`.

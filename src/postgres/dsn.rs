@@ -1040,6 +1040,59 @@ fn build(
     let dbname = given(kv, "dbname")
         .map(str::to_string)
         .unwrap_or_else(|| user.clone());
+    let (ssl_mode, ssl_root_cert) = ssl_settings(kv)?;
+    let who = Who {
+        hosts: &hosts,
+        dbname: &dbname,
+        user: &user,
+    };
+    let password = password(kv, env, password_file, from_env, &who)?;
+
+    let mut c = tokio_postgres::Config::new();
+    // Ports are given one per host, in the same order: tokio-postgres pairs
+    // them by position and tries the hosts in turn, as libpq does.
+    for (h, p) in &hosts {
+        c.host(h);
+        c.port(*p);
+    }
+    c.user(&user);
+    c.dbname(&dbname);
+    if let Some(p) = &password {
+        c.password(p.as_bytes());
+    }
+    session_options(kv, &mut c)?;
+    let port = hosts.first().map_or(DEFAULT_PORT, |(_, p)| *p);
+    let mut t = Target {
+        config: c,
+        ssl_mode,
+        ssl_root_cert,
+        display: String::new(),
+        hosts,
+        port,
+    };
+    // libpq never uses TLS over a Unix-domain socket, whatever sslmode says.
+    // tokio-postgres has one sslmode for all hosts, so only a list of
+    // sockets alone turns it off.
+    t.config.ssl_mode(match ssl_mode {
+        _ if t.sockets_only() => tokio_postgres::config::SslMode::Disable,
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        _ => tokio_postgres::config::SslMode::Require,
+    });
+    t.display = display(&t.hosts, &user, &dbname, ssl_mode);
+    Ok(t)
+}
+
+/// Whom a password is for: the hosts tried, the database and the user, as
+/// a password file's lines match them.
+struct Who<'a> {
+    hosts: &'a [(String, u16)],
+    dbname: &'a str,
+    user: &'a str,
+}
+
+/// The sslmode in force and the root certificate (`sslrootcert`).
+fn ssl_settings(kv: &BTreeMap<String, String>) -> Result<(SslMode, Option<PathBuf>), DsnError> {
     let ssl_root_cert = given(kv, "sslrootcert").map(PathBuf::from);
     let system_roots = ssl_root_cert
         .as_ref()
@@ -1062,7 +1115,18 @@ fn build(
             why: "weak sslmode may not be used with sslrootcert=system (use verify-full)".into(),
         });
     }
+    Ok((ssl_mode, ssl_root_cert))
+}
 
+/// The password: the DSN's, else the configured password file's, else the
+/// matching line of libpq's password file (`passfile`, or ~/.pgpass).
+fn password(
+    kv: &BTreeMap<String, String>,
+    env: Env<'_>,
+    password_file: Option<&Path>,
+    from_env: &[(&str, &str)],
+    who: &Who<'_>,
+) -> Result<Option<String>, DsnError> {
     let mut password = given(kv, "password").map(str::to_string);
     if password.is_none()
         && let Some(pf) = password_file
@@ -1080,22 +1144,18 @@ fn build(
         if let Some((pf, from)) = passfile
             && let Some(text) = pgpass_text(&pf, from)
         {
-            password = one_password(&text, &pf, from, &hosts, &dbname, &user)?;
+            password = one_password(&text, &pf, from, who.hosts, who.dbname, who.user)?;
         }
     }
+    Ok(password)
+}
 
-    let mut c = tokio_postgres::Config::new();
-    // Ports are given one per host, in the same order: tokio-postgres pairs
-    // them by position and tries the hosts in turn, as libpq does.
-    for (h, p) in &hosts {
-        c.host(h);
-        c.port(*p);
-    }
-    c.user(&user);
-    c.dbname(&dbname);
-    if let Some(p) = &password {
-        c.password(p.as_bytes());
-    }
+/// The session keywords: application name, options, timeouts, keepalives
+/// and which server of a list to keep.
+fn session_options(
+    kv: &BTreeMap<String, String>,
+    c: &mut tokio_postgres::Config,
+) -> Result<(), DsnError> {
     c.application_name(given(kv, "application_name").unwrap_or("pg-storage-exporter"));
     if let Some(o) = given(kv, "options") {
         check_options(o)?;
@@ -1153,38 +1213,23 @@ fn build(
             }
         });
     }
-    let port = hosts.first().map_or(DEFAULT_PORT, |(_, p)| *p);
-    let mut t = Target {
-        config: c,
-        ssl_mode,
-        ssl_root_cert,
-        display: String::new(),
-        hosts,
-        port,
-    };
-    // libpq never uses TLS over a Unix-domain socket, whatever sslmode says.
-    // tokio-postgres has one sslmode for all hosts, so only a list of
-    // sockets alone turns it off.
-    t.config.ssl_mode(match ssl_mode {
-        _ if t.sockets_only() => tokio_postgres::config::SslMode::Disable,
-        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-        SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-        _ => tokio_postgres::config::SslMode::Require,
-    });
-    // Only parts that were parsed and checked: hosts that passed
-    // `reachable_host`, port numbers, the user and database names, the
-    // sslmode keyword.
+    Ok(())
+}
+
+/// The target as logs and errors show it: only parts that were parsed and
+/// checked (hosts that passed `reachable_host`, port numbers, the user and
+/// database names, the sslmode keyword).
+fn display(hosts: &[(String, u16)], user: &str, dbname: &str, ssl_mode: SslMode) -> String {
     let list =
-        |f: &dyn Fn(&(String, u16)) -> String| t.hosts.iter().map(f).collect::<Vec<_>>().join(",");
-    t.display = format!(
+        |f: &dyn Fn(&(String, u16)) -> String| hosts.iter().map(f).collect::<Vec<_>>().join(",");
+    format!(
         "host={} port={} user={} dbname={} sslmode={}",
         list(&|(h, _)| shown(h)),
         list(&|(_, p)| p.to_string()),
-        shown(&user),
-        shown(&dbname),
+        shown(user),
+        shown(dbname),
         ssl_mode.as_str()
-    );
-    Ok(t)
+    )
 }
 
 /// libpq's password file, unless others can read it.

@@ -396,96 +396,26 @@ pub(crate) async fn run(
     let connect_within = connect_deadline(&target.config);
     let deadline = statement_deadline(cfg.statement_timeout);
     loop {
-        let attempt = match connect_within {
-            Some(within) => match tokio::time::timeout(within, tls::connect(&target)).await {
-                Ok(Ok(c)) => Ok(c),
-                Ok(Err(e)) => Err(ConnectFailure::Failed(e)),
-                Err(_) => Err(ConnectFailure::NoAnswer(within)),
-            },
-            None => tls::connect(&target).await.map_err(ConnectFailure::Failed),
-        };
-        // A connection counts once its session is set up: a set-up that
-        // fails is a failed connection attempt, logged once and retried
-        // with backoff like one.
-        let set_up = match attempt {
-            Ok(conn) => {
-                let session = Session {
-                    cfg: &cfg,
-                    state: &state,
-                    db: Db::new(&conn.client, deadline),
-                    failures: &mut failures,
-                };
-                match session.setup().await {
-                    Ok((version, all)) => Ok((conn, version, all)),
-                    Err(lost) => Err(ConnectFailure::SetUp(lost.error)),
-                }
-            }
-            Err(e) => Err(e),
-        };
+        let set_up = connect(
+            &cfg,
+            &target,
+            &state,
+            &mut failures,
+            connect_within,
+            deadline,
+        )
+        .await;
         let (conn, version, all) = match set_up {
             Ok(ok) => ok,
             Err(e) => {
-                let cause = e.cause();
-                state.error("connect", cause);
-                state.down();
-                match failures.failed("connect", cause, Instant::now()) {
-                    Report::New => tracing::warn!(
-                        cluster = %cfg.name,
-                        target = %target.display,
-                        cause = cause.label(),
-                        error = %e,
-                        retry_in = ?backoff,
-                        "cannot connect to PostgreSQL"
-                    ),
-                    Report::Again { failures } => tracing::warn!(
-                        cluster = %cfg.name,
-                        target = %target.display,
-                        cause = cause.label(),
-                        error = %e,
-                        failures,
-                        retry_in = ?backoff,
-                        "still cannot connect to PostgreSQL"
-                    ),
-                    Report::Quiet => tracing::debug!(
-                        cluster = %cfg.name,
-                        cause = cause.label(),
-                        error = %e,
-                        "cannot connect to PostgreSQL (again)"
-                    ),
-                }
+                connect_failed(&cfg, &target, &state, &mut failures, &e, backoff);
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
         };
         backoff = BACKOFF_START;
-        match failures.succeeded("connect", Instant::now()) {
-            Some((failed, down)) => tracing::info!(
-                cluster = %cfg.name,
-                version = %version.1,
-                failed_attempts = failed,
-                down_for = ?down,
-                "reconnected to PostgreSQL"
-            ),
-            None => {
-                tracing::info!(cluster = %cfg.name, version = %version.1, "connected to PostgreSQL")
-            }
-        }
-        match all {
-            Some(false) if sees_all != Some(false) => tracing::warn!(
-                cluster = %cfg.name,
-                "this role is not a member of pg_read_all_stats (nor pg_monitor, nor superuser): \
-                 pg_stat_activity hides the wait events of the backends of other roles, so they \
-                 are not sampled; pgstorage_pg_wait_hidden_backends counts them"
-            ),
-            Some(true) if sees_all == Some(false) => {
-                tracing::info!(cluster = %cfg.name, "this role now sees every backend's wait events")
-            }
-            _ => {}
-        }
-        if all.is_some() {
-            sees_all = all;
-        }
+        connected(&cfg, &mut failures, &version.1, all, &mut sees_all);
         let session = Session {
             cfg: &cfg,
             state: &state,
@@ -505,28 +435,145 @@ pub(crate) async fn run(
         let cause = lost.error.cause();
         state.error(lost.what, cause);
         state.down();
-        if let QueryError::NoAnswer(d) = &lost.error {
-            tracing::warn!(
-                cluster = %cfg.name,
-                query = lost.what,
-                cause = cause.label(),
-                deadline = ?d,
-                error = %lost.error,
-                "PostgreSQL stopped answering; dropped the connection, reconnecting"
-            );
-        } else {
-            tracing::warn!(
-                cluster = %cfg.name,
-                query = lost.what,
-                cause = cause.label(),
-                error = %lost.error,
-                "lost the PostgreSQL connection; reconnecting"
-            );
-        }
+        log_lost(&cfg, &lost, cause);
         // Reconnection attempts failing the same way are this same outage,
         // already logged; the reconnection logs its end.
         failures.already_logged("connect", cause, Instant::now());
         tokio::time::sleep(BACKOFF_START).await;
+    }
+}
+
+/// Connects and sets the session up, within `connect_within` for the
+/// connection. A connection counts once its session is set up: a set-up
+/// that fails is a failed connection attempt, logged once and retried with
+/// backoff like one.
+async fn connect(
+    cfg: &ClusterConfig,
+    target: &Target,
+    state: &ClusterState,
+    failures: &mut Failures,
+    connect_within: Option<Duration>,
+    deadline: Duration,
+) -> Result<(tls::Connection, (u32, String), Option<bool>), ConnectFailure> {
+    let attempt = match connect_within {
+        Some(within) => match tokio::time::timeout(within, tls::connect(target)).await {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(e)) => Err(ConnectFailure::Failed(e)),
+            Err(_) => Err(ConnectFailure::NoAnswer(within)),
+        },
+        None => tls::connect(target).await.map_err(ConnectFailure::Failed),
+    };
+    let conn = attempt?;
+    let session = Session {
+        cfg,
+        state,
+        db: Db::new(&conn.client, deadline),
+        failures,
+    };
+    match session.setup().await {
+        Ok((version, all)) => Ok((conn, version, all)),
+        Err(lost) => Err(ConnectFailure::SetUp(lost.error)),
+    }
+}
+
+/// Counts a failed connection attempt and logs it, once per incident.
+fn connect_failed(
+    cfg: &ClusterConfig,
+    target: &Target,
+    state: &ClusterState,
+    failures: &mut Failures,
+    e: &ConnectFailure,
+    backoff: Duration,
+) {
+    let cause = e.cause();
+    state.error("connect", cause);
+    state.down();
+    match failures.failed("connect", cause, Instant::now()) {
+        Report::New => tracing::warn!(
+            cluster = %cfg.name,
+            target = %target.display,
+            cause = cause.label(),
+            error = %e,
+            retry_in = ?backoff,
+            "cannot connect to PostgreSQL"
+        ),
+        Report::Again { failures } => tracing::warn!(
+            cluster = %cfg.name,
+            target = %target.display,
+            cause = cause.label(),
+            error = %e,
+            failures,
+            retry_in = ?backoff,
+            "still cannot connect to PostgreSQL"
+        ),
+        Report::Quiet => tracing::debug!(
+            cluster = %cfg.name,
+            cause = cause.label(),
+            error = %e,
+            "cannot connect to PostgreSQL (again)"
+        ),
+    }
+}
+
+/// Logs a connection (the end of an outage, when there was one) and
+/// whether the role sees every backend's wait events (`all`), when that
+/// changed since the previous connection (`sees_all`).
+fn connected(
+    cfg: &ClusterConfig,
+    failures: &mut Failures,
+    version: &str,
+    all: Option<bool>,
+    sees_all: &mut Option<bool>,
+) {
+    match failures.succeeded("connect", Instant::now()) {
+        Some((failed, down)) => tracing::info!(
+            cluster = %cfg.name,
+            version = %version,
+            failed_attempts = failed,
+            down_for = ?down,
+            "reconnected to PostgreSQL"
+        ),
+        None => {
+            tracing::info!(cluster = %cfg.name, version = %version, "connected to PostgreSQL")
+        }
+    }
+    match all {
+        Some(false) if *sees_all != Some(false) => tracing::warn!(
+            cluster = %cfg.name,
+            "this role is not a member of pg_read_all_stats (nor pg_monitor, nor superuser): \
+             pg_stat_activity hides the wait events of the backends of other roles, so they \
+             are not sampled; pgstorage_pg_wait_hidden_backends counts them"
+        ),
+        Some(true) if *sees_all == Some(false) => {
+            tracing::info!(cluster = %cfg.name, "this role now sees every backend's wait events")
+        }
+        _ => {}
+    }
+    if all.is_some() {
+        *sees_all = all;
+    }
+}
+
+/// Logs a session that ended: a server that stopped answering, or a
+/// connection lost.
+fn log_lost(cfg: &ClusterConfig, lost: &Lost, cause: Cause) {
+    if let QueryError::NoAnswer(d) = &lost.error {
+        tracing::warn!(
+            cluster = %cfg.name,
+            query = lost.what,
+            cause = cause.label(),
+            deadline = ?d,
+            error = %lost.error,
+            "PostgreSQL stopped answering; dropped the connection, reconnecting"
+        );
+    } else {
+        tracing::warn!(
+            cluster = %cfg.name,
+            query = lost.what,
+            cause = cause.label(),
+            error = %lost.error,
+            "lost the PostgreSQL connection; reconnecting"
+        );
     }
 }
 

@@ -92,6 +92,24 @@ pub(crate) fn spawn(
     })
 }
 
+/// When the next round starts: at `due` (one interval after the last), or
+/// now when the round overran, and never before a burst's pause is over
+/// (`after_burst`).
+fn next_round(due: Instant, after_burst: Option<Instant>) -> Instant {
+    let mut next = due;
+    let now = Instant::now();
+    if next < now {
+        // Overran (slow device): start the next round now rather than
+        // bursting to catch up, which would add load exactly when the
+        // device is slow.
+        next = now;
+    }
+    if let Some(at) = after_burst {
+        next = next.max(at);
+    }
+    next
+}
+
 struct Runner {
     cfg: VolumeSpec,
     state: Arc<VolumeState>,
@@ -144,42 +162,9 @@ impl Runner {
         let mut next_path_check = Instant::now() + PATH_CHECK_EVERY;
         // Once the directory is gone, checking names in it is pointless.
         let mut dir_gone = false;
-        tracing::info!(
-            volume = %self.cfg.name,
-            probe_dir = %self.cfg.probe_dir.display(),
-            engine = %p.engine.kind(),
-            sync_method = %self.cfg.probe.sync_method,
-            commit = p.wal.is_some(),
-            read = p.read.is_some(),
-            interval = ?self.cfg.probe.interval,
-            busy_every = ?self.cfg.probe.busy_every,
-            "probing"
-        );
+        self.log_probing(&p);
         let read_blocks = self.cfg.probe.read_file_size / BLOCK_SIZE as u64;
-        // The first sweep right after start, then every sweep_every. It needs
-        // io_uring for depths above 1 and the read probe file.
-        let mut next_sweep = if self.cfg.probe.sweep_every.is_zero() {
-            None
-        } else if p.read.is_none() || p.engine.kind() != crate::types::EngineKind::IoUring {
-            tracing::warn!(volume = %self.cfg.name, "queue-depth sweep needs io_uring and the read probe; not sweeping");
-            None
-        } else {
-            Some(Instant::now())
-        };
-        // The write half of a sweep takes a write cap in full while it runs;
-        // over time it may take no more of it than the probes may.
-        let sweep_every = crate::model::pacing::sweep_period(
-            self.cfg.probe.sweep_every,
-            self.cfg.probe.sweep_duration,
-            crate::probe::sweep::write_fraction(&crate::probe::sweep::WORKLOADS),
-        );
-        if next_sweep.is_some() && sweep_every > self.cfg.probe.sweep_every {
-            tracing::info!(
-                volume = %self.cfg.name,
-                sweep_every = ?sweep_every,
-                "queue-depth sweep: sweep_every stretched so that the sweep's writes stay within 2 % of a write cap's time"
-            );
-        }
+        let (mut next_sweep, sweep_every) = self.sweep_schedule(&p);
         let mut wal_block = 0u64;
         let mut next = Instant::now();
         // The first burst a few rounds in, once the lone probes have
@@ -195,18 +180,8 @@ impl Runner {
             // a share of a write-IOPS cap that counts them.
             let slowdown = self.state.slowdown();
             let interval = self.cfg.probe.interval.mul_f64(slowdown);
-            // The lone probes: what a commit and a read cost after a pause.
-            if let Some(wal) = &p.wal {
-                self.commit_probe(&mut p.engine, wal, &mut wal_block, Some(Phase::AfterIdle));
-            }
-            if let Some(read) = &p.read {
-                // Half an interval after the commit probe, so the read never
-                // queues behind the probe's own sync.
-                if p.wal.is_some() && self.stop.wait_until(next + interval / 2) {
-                    break;
-                }
-                let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
-                self.read_probe(&mut p.engine, read, offset, Some(Phase::AfterIdle));
+            if self.lone_probes(&mut p, &mut wal_block, next + interval / 2, read_blocks) {
+                break;
             }
             // The burst: three quarters into the round, so the next lone
             // commit still comes after a pause of a quarter interval (the
@@ -228,14 +203,7 @@ impl Runner {
                 after_burst = Some(Instant::now() + after_idle_pause(interval));
                 // A burst that ran longer than BURST_COMMITS (it met a
                 // throttle) puts the next one off in proportion.
-                next_burst = Some(
-                    Instant::now()
-                        + self
-                            .cfg
-                            .probe
-                            .busy_every
-                            .mul_f64(slowdown * self.state.burst_stretch()),
-                );
+                next_burst = Some(Instant::now() + self.busy_every(slowdown));
             }
             if let (Some(at), Some(read)) = (next_sweep, &p.read)
                 && Instant::now() >= at
@@ -255,36 +223,10 @@ impl Runner {
                     Files::Intact => {}
                     Files::DirGone => {
                         dir_gone = true;
-                        for op in Self::held_ops(&p) {
-                            self.state.counts.error(op.as_str(), "removed");
-                        }
-                        // The open descriptors still reach the same filesystem,
-                        // so the figures stay true. Creating the directory
-                        // again would mean a new lookup of its path, which
-                        // could now lead to another filesystem (the volume
-                        // unmounted under it) or undo an operator's cleanup.
-                        tracing::warn!(
-                            volume = %self.cfg.name,
-                            probe_dir = %self.cfg.probe_dir.display(),
-                            "probe directory was removed or moved: probing goes on with the open \
-                             probe files, whose space is freed at exit; it is not created again \
-                             until the exporter restarts"
-                        );
+                        self.dir_gone(&p);
                     }
                     Files::Changed(changed) => {
-                        let mut what = Vec::new();
-                        for (op, name, c) in &changed {
-                            self.state.counts.error(op.as_str(), c.label());
-                            what.push(format!("{name} {}", c.label()));
-                        }
-                        tracing::warn!(
-                            volume = %self.cfg.name,
-                            probe_dir = %self.cfg.probe_dir.display(),
-                            files = %what.join(", "),
-                            "probe file removed or replaced under its name: closing the probe \
-                             files and setting them up again (a symlink at a probe file's name \
-                             is refused until it is removed)"
-                        );
+                        self.files_changed(&changed);
                         // Closes the old descriptors: a deleted file's space
                         // is freed now, not at exit.
                         drop(p);
@@ -300,30 +242,137 @@ impl Runner {
                     }
                 }
             }
-            if p.engine.is_poisoned() {
-                match Engine::new(self.cfg.probe.engine) {
-                    Ok((e, _)) => p.engine = e,
-                    Err(e) => {
-                        tracing::error!(volume = %self.cfg.name, error = %e, "cannot rebuild IO engine")
-                    }
-                }
-            }
-            next += interval;
-            let now = Instant::now();
-            if next < now {
-                // Overran (slow device): start the next round now rather than
-                // bursting to catch up, which would add load exactly when the
-                // device is slow.
-                next = now;
-            }
-            if let Some(at) = after_burst.take() {
-                next = next.max(at);
-            }
+            self.rebuild_poisoned_engine(&mut p);
+            next = next_round(next + interval, after_burst.take());
             if self.stop.wait_until(next) {
                 break;
             }
         }
         tracing::debug!(volume = %self.cfg.name, "probe thread stopped");
+    }
+
+    /// How long from this burst to the next: busy_every, stretched by the
+    /// slowdown in force and by how much longer than BURST_COMMITS the
+    /// latest burst ran.
+    fn busy_every(&self, slowdown: f64) -> Duration {
+        self.cfg
+            .probe
+            .busy_every
+            .mul_f64(slowdown * self.state.burst_stretch())
+    }
+
+    fn log_probing(&self, p: &Prepared) {
+        tracing::info!(
+            volume = %self.cfg.name,
+            probe_dir = %self.cfg.probe_dir.display(),
+            engine = %p.engine.kind(),
+            sync_method = %self.cfg.probe.sync_method,
+            commit = p.wal.is_some(),
+            read = p.read.is_some(),
+            interval = ?self.cfg.probe.interval,
+            busy_every = ?self.cfg.probe.busy_every,
+            "probing"
+        );
+    }
+
+    /// When the first queue-depth sweep runs (`None`: never), and how long
+    /// from one sweep to the next.
+    fn sweep_schedule(&self, p: &Prepared) -> (Option<Instant>, Duration) {
+        // The first sweep right after start, then every sweep_every. It needs
+        // io_uring for depths above 1 and the read probe file.
+        let next_sweep = if self.cfg.probe.sweep_every.is_zero() {
+            None
+        } else if p.read.is_none() || p.engine.kind() != crate::types::EngineKind::IoUring {
+            tracing::warn!(volume = %self.cfg.name, "queue-depth sweep needs io_uring and the read probe; not sweeping");
+            None
+        } else {
+            Some(Instant::now())
+        };
+        // The write half of a sweep takes a write cap in full while it runs;
+        // over time it may take no more of it than the probes may.
+        let sweep_every = crate::model::pacing::sweep_period(
+            self.cfg.probe.sweep_every,
+            self.cfg.probe.sweep_duration,
+            crate::probe::sweep::write_fraction(&crate::probe::sweep::WORKLOADS),
+        );
+        if next_sweep.is_some() && sweep_every > self.cfg.probe.sweep_every {
+            tracing::info!(
+                volume = %self.cfg.name,
+                sweep_every = ?sweep_every,
+                "queue-depth sweep: sweep_every stretched so that the sweep's writes stay within 2 % of a write cap's time"
+            );
+        }
+        (next_sweep, sweep_every)
+    }
+
+    /// The lone probes: what a commit and a read cost after a pause, the
+    /// read at `read_at` when there is a commit probe. True when stopped.
+    fn lone_probes(
+        &mut self,
+        p: &mut Prepared,
+        wal_block: &mut u64,
+        read_at: Instant,
+        read_blocks: u64,
+    ) -> bool {
+        if let Some(wal) = &p.wal {
+            self.commit_probe(&mut p.engine, wal, wal_block, Some(Phase::AfterIdle));
+        }
+        if let Some(read) = &p.read {
+            // Half an interval after the commit probe, so the read never
+            // queues behind the probe's own sync.
+            if p.wal.is_some() && self.stop.wait_until(read_at) {
+                return true;
+            }
+            let offset = self.rng.below(read_blocks) * BLOCK_SIZE as u64;
+            self.read_probe(&mut p.engine, read, offset, Some(Phase::AfterIdle));
+        }
+        false
+    }
+
+    /// Counts and logs the probe directory gone from its path.
+    fn dir_gone(&self, p: &Prepared) {
+        for op in Self::held_ops(p) {
+            self.state.counts.error(op.as_str(), "removed");
+        }
+        // The open descriptors still reach the same filesystem, so the
+        // figures stay true. Creating the directory again would mean a new
+        // lookup of its path, which could now lead to another filesystem
+        // (the volume unmounted under it) or undo an operator's cleanup.
+        tracing::warn!(
+            volume = %self.cfg.name,
+            probe_dir = %self.cfg.probe_dir.display(),
+            "probe directory was removed or moved: probing goes on with the open \
+             probe files, whose space is freed at exit; it is not created again \
+             until the exporter restarts"
+        );
+    }
+
+    /// Counts and logs probe files removed or replaced under their names.
+    fn files_changed(&self, changed: &[(Op, &'static str, NameCheck)]) {
+        let mut what = Vec::new();
+        for (op, name, c) in changed {
+            self.state.counts.error(op.as_str(), c.label());
+            what.push(format!("{name} {}", c.label()));
+        }
+        tracing::warn!(
+            volume = %self.cfg.name,
+            probe_dir = %self.cfg.probe_dir.display(),
+            files = %what.join(", "),
+            "probe file removed or replaced under its name: closing the probe \
+             files and setting them up again (a symlink at a probe file's name \
+             is refused until it is removed)"
+        );
+    }
+
+    fn rebuild_poisoned_engine(&self, p: &mut Prepared) {
+        if p.engine.is_poisoned() {
+            match Engine::new(self.cfg.probe.engine) {
+                Ok((e, _)) => p.engine = e,
+                Err(e) => {
+                    tracing::error!(volume = %self.cfg.name, error = %e, "cannot rebuild IO engine")
+                }
+            }
+        }
     }
 
     fn held_ops(p: &Prepared) -> Vec<Op> {

@@ -552,56 +552,17 @@ fn measure(
     // Time spent probing only; creating the probe files is not part of it.
     let mut probing = Duration::ZERO;
     let stopped = crate::sys::interrupted;
-    let note_error = |e: String, errors: &mut Vec<String>| {
-        if errors.len() < 10 {
-            errors.push(e);
-        }
-    };
 
     if opts.commit {
-        let wal = dir.create_wal_file(WAL_FILE_SIZE, opts.sync_method, opts.free_space_reserve)?;
-        let blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
-        // Lone commits take at most half of the commit half.
-        let pause = after_idle_pause_default();
-        let lone = AFTER_IDLE_COMMITS
-            .min((phase / 2).as_millis() as u32 / (pause.as_millis() as u32).max(1));
-        let busy_phase = phase.saturating_sub(pause * lone);
-        // The next block of the file, written and synced; an error is noted
-        // and the block skipped. (Commits are plain syscalls: they cannot
-        // poison the engine.)
-        let mut block = 0u64;
-        let mut commit_next = |errors: &mut Vec<String>| {
-            let r = engine.commit(raw(&wal), block * BLOCK_SIZE as u64, opts.sync_method);
-            block = (block + 1) % blocks;
-            r.map_err(|f| note_error(f.to_string(), errors)).ok()
-        };
-        let pauses = pause * lone;
-        progress.phase(
-            "commits",
-            busy_phase,
-            pauses + reads_planned + sweep_planned,
-        );
-        let t0 = Instant::now();
-        while t0.elapsed() < busy_phase && !stopped() {
-            if let Some(t) = commit_next(&mut m.errors) {
-                record(&mut m.write, t.write);
-                if let Some(s) = t.sync {
-                    record(&mut m.sync, s);
-                }
-                record(&mut m.commit, t.commit);
-            }
-        }
-        progress.phase("pauses", pauses, reads_planned + sweep_planned);
-        for _ in 0..lone {
-            if stopped() {
-                break;
-            }
-            std::thread::sleep(pause);
-            if let Some(t) = commit_next(&mut m.errors) {
-                record(&mut m.after_idle_commit, t.commit);
-            }
-        }
-        probing += t0.elapsed();
+        probing += commits(
+            opts,
+            dir,
+            engine,
+            progress,
+            phase,
+            reads_planned + sweep_planned,
+            &mut m,
+        )?;
     }
     let mut read_file: Option<std::fs::File> = None;
     if opts.read && !stopped() {
@@ -617,53 +578,139 @@ fn measure(
             }
             Err(e) => return Err(e.into()),
         };
-        let blocks = opts.read_file_size / BLOCK_SIZE as u64;
-        let mut rng = Rng::seeded();
         progress.phase("reads", phase, sweep_planned);
-        let t0 = Instant::now();
-        while t0.elapsed() < phase && !stopped() {
-            match engine.read(raw(&read), rng.below(blocks) * BLOCK_SIZE as u64) {
-                Ok(d) => {
-                    record(&mut m.read, d);
-                    if d < opts.cache_served_threshold {
-                        m.cache_served += 1;
-                    }
-                }
-                Err(f) => note_error(f.to_string(), &mut m.errors),
-            }
-            if engine.is_poisoned() {
-                bail!("the IO engine failed; see errors above");
-            }
-        }
-        probing += t0.elapsed();
+        probing += reads(opts, &read, engine, phase, &mut m)?;
         read_file = Some(read);
     }
     if let Some(d) = opts.sweep
         && !stopped()
     {
-        if engine.kind() != EngineKind::IoUring {
-            m.errors
-                .push("sweep skipped: it needs io_uring".to_string());
-        } else {
-            let read = match read_file.take() {
-                Some(f) => f,
-                None => dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?,
-            };
-            progress.phase("sweep", d, Duration::ZERO);
-            let tables = crate::probe::sweep::run_in(
-                dir,
-                &read,
-                opts.read_file_size,
-                opts.free_space_reserve,
-                d,
-                &stopped,
-                |e| m.errors.push(format!("sweep writes skipped: {e}")),
-            );
-            m.sweep = Some(tables.map_err(|e| anyhow::anyhow!("queue-depth sweep: {e}"))?);
-        }
+        sweep(opts, dir, engine, progress, read_file.take(), d, &mut m)?;
     }
     m.elapsed = probing;
     Ok(m)
+}
+
+/// At most ten errors are kept for the report.
+fn note_error(e: String, errors: &mut Vec<String>) {
+    if errors.len() < 10 {
+        errors.push(e);
+    }
+}
+
+/// The commit half: back-to-back commits for most of `phase`, then lone
+/// commits after a pause. `later`: the time planned for the parts after
+/// it. Returns the time spent probing.
+fn commits(
+    opts: &CheckOptions,
+    dir: &ProbeDir,
+    engine: &mut Engine,
+    progress: &Progress,
+    phase: Duration,
+    later: Duration,
+    m: &mut Measured,
+) -> anyhow::Result<Duration> {
+    let wal = dir.create_wal_file(WAL_FILE_SIZE, opts.sync_method, opts.free_space_reserve)?;
+    let blocks = WAL_FILE_SIZE / BLOCK_SIZE as u64;
+    // Lone commits take at most half of the commit half.
+    let pause = after_idle_pause_default();
+    let lone =
+        AFTER_IDLE_COMMITS.min((phase / 2).as_millis() as u32 / (pause.as_millis() as u32).max(1));
+    let busy_phase = phase.saturating_sub(pause * lone);
+    // The next block of the file, written and synced; an error is noted
+    // and the block skipped. (Commits are plain syscalls: they cannot
+    // poison the engine.)
+    let mut block = 0u64;
+    let mut commit_next = |errors: &mut Vec<String>| {
+        let r = engine.commit(raw(&wal), block * BLOCK_SIZE as u64, opts.sync_method);
+        block = (block + 1) % blocks;
+        r.map_err(|f| note_error(f.to_string(), errors)).ok()
+    };
+    let pauses = pause * lone;
+    progress.phase("commits", busy_phase, pauses + later);
+    let t0 = Instant::now();
+    while t0.elapsed() < busy_phase && !crate::sys::interrupted() {
+        if let Some(t) = commit_next(&mut m.errors) {
+            record(&mut m.write, t.write);
+            if let Some(s) = t.sync {
+                record(&mut m.sync, s);
+            }
+            record(&mut m.commit, t.commit);
+        }
+    }
+    progress.phase("pauses", pauses, later);
+    for _ in 0..lone {
+        if crate::sys::interrupted() {
+            break;
+        }
+        std::thread::sleep(pause);
+        if let Some(t) = commit_next(&mut m.errors) {
+            record(&mut m.after_idle_commit, t.commit);
+        }
+    }
+    Ok(t0.elapsed())
+}
+
+/// Random reads of `read` for `phase`. Returns the time spent probing.
+fn reads(
+    opts: &CheckOptions,
+    read: &std::fs::File,
+    engine: &mut Engine,
+    phase: Duration,
+    m: &mut Measured,
+) -> anyhow::Result<Duration> {
+    let blocks = opts.read_file_size / BLOCK_SIZE as u64;
+    let mut rng = Rng::seeded();
+    let t0 = Instant::now();
+    while t0.elapsed() < phase && !crate::sys::interrupted() {
+        match engine.read(raw(read), rng.below(blocks) * BLOCK_SIZE as u64) {
+            Ok(d) => {
+                record(&mut m.read, d);
+                if d < opts.cache_served_threshold {
+                    m.cache_served += 1;
+                }
+            }
+            Err(f) => note_error(f.to_string(), &mut m.errors),
+        }
+        if engine.is_poisoned() {
+            bail!("the IO engine failed; see errors above");
+        }
+    }
+    Ok(t0.elapsed())
+}
+
+/// The queue-depth sweep for `d`, on the read probe's file when the read
+/// half made one.
+fn sweep(
+    opts: &CheckOptions,
+    dir: &ProbeDir,
+    engine: &Engine,
+    progress: &Progress,
+    read_file: Option<std::fs::File>,
+    d: Duration,
+    m: &mut Measured,
+) -> anyhow::Result<()> {
+    if engine.kind() != EngineKind::IoUring {
+        m.errors
+            .push("sweep skipped: it needs io_uring".to_string());
+    } else {
+        let read = match read_file {
+            Some(f) => f,
+            None => dir.create_read_file(opts.read_file_size, opts.free_space_reserve)?,
+        };
+        progress.phase("sweep", d, Duration::ZERO);
+        let tables = crate::probe::sweep::run_in(
+            dir,
+            &read,
+            opts.read_file_size,
+            opts.free_space_reserve,
+            d,
+            &crate::sys::interrupted,
+            |e| m.errors.push(format!("sweep writes skipped: {e}")),
+        );
+        m.sweep = Some(tables.map_err(|e| anyhow::anyhow!("queue-depth sweep: {e}"))?);
+    }
+    Ok(())
 }
 
 /// One workload of the sweep: its depths, rate, latency and plateau.

@@ -1,8 +1,8 @@
 //! The storage-configuration audit: what in the kernel, mount and
 //! PostgreSQL configuration works against commit latency or durability.
 //!
-//! Evaluation is a pure function over plain facts ([`HostFacts`],
-//! [`VolumeFacts`], [`ClusterFacts`]) so every check is tested with a
+//! Evaluation is a pure function over plain facts (`HostFacts`,
+//! `VolumeFacts`, `ClusterFacts`) so every check is tested with a
 //! table of facts; `read.rs` gathers the host and volume facts from
 //! configurable /proc and /sys roots, and the daemon builds the cluster
 //! facts from what its read-only PostgreSQL session already reads.

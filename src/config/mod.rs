@@ -3,8 +3,8 @@
 //!
 //! Two phases, as in ripgrep: [`raw`] mirrors the file exactly (serde with
 //! `deny_unknown_fields`, every value spanned so errors can name the line),
-//! then [`build`] merges defaults, checks values and the filesystem facts a
-//! volume depends on, and returns [`Config`] or one [`ConfigError`].
+//! then `build` merges defaults, checks values and the filesystem facts a
+//! volume depends on, and returns `Config` or one [`ConfigError`].
 
 pub mod raw;
 

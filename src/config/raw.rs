@@ -1,4 +1,4 @@
-//! The config file exactly as written. Every value is wrapped in [`Sp`] so
+//! The config file exactly as written. Every value is wrapped in `Sp` so
 //! that validation errors can point at the line the user has to fix.
 
 use std::path::{Path, PathBuf};

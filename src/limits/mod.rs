@@ -13,7 +13,7 @@
 //!   provisioned limits.
 //!
 //! The capped commit ceiling is the tightest of these caps on device
-//! writes ([`caps`] says which take part and why) over how many device
+//! writes (`caps` says which take part and why) over how many device
 //! writes one commit probe costs. That is measured where it can be
 //! attributed (else taken as two, what ext4 and XFS write): the exporter's own
 //! cgroup counts the IOs its threads issue on each disk (io.stat in v2,

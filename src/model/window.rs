@@ -5,7 +5,7 @@
 //! the exported p50/p99/p99.9 are the measured values themselves.
 //!
 //! The samples are kept twice: in arrival order, to expire the oldest, and
-//! in ascending order ([`Sorted`]), updated on every push and expiry, so a
+//! in ascending order (`Sorted`), updated on every push and expiry, so a
 //! scrape reads each quantile by its rank instead of sorting the window
 //! (at the defaults, 8 windows of up to 900 samples per volume), and the
 //! mean from a running sum.
@@ -142,7 +142,7 @@ impl Window {
     /// Exact quantiles of the samples younger than the span at `now`;
     /// `None` when there are none (a stalled probe makes its quantiles
     /// disappear rather than freeze at stale values). A rank lookup when
-    /// the window was evicted as of `now` (as [`crate::probe::state`] does
+    /// the window was evicted as of `now` (as `crate::probe::state` does
     /// before reading), else a sort of the live samples.
     pub fn quantiles(&self, now: Instant, qs: &[f64]) -> Option<Vec<f64>> {
         match self.expired_len(now) {

@@ -1,10 +1,10 @@
 //! Storage probes: the only code that writes files, and only in its own
 //! probe directory.
 //!
-//! A volume gets one dedicated OS thread ([`runner`]) that owns its probe
-//! files ([`files`]) and an IO [`engine`] (io_uring, or plain syscalls when
+//! A volume gets one dedicated OS thread (`runner`) that owns its probe
+//! files (`files`) and an IO `engine` (io_uring, or plain syscalls when
 //! io_uring is unavailable). A sync that hangs blocks only that thread; its
-//! age is visible through [`state::VolumeState`] while it is in flight.
+//! age is visible through `state::VolumeState` while it is in flight.
 
 pub(crate) mod counts;
 pub(crate) mod engine;

@@ -1,6 +1,6 @@
-//! What a probed volume is and how it is probed: [`VolumeSpec`] (identity,
+//! What a probed volume is and how it is probed: `VolumeSpec` (identity,
 //! place, limits) around one [`ProbeSettings`] (the knobs a `[[volume]]`,
-//! `[defaults]` and the `--probe.*` flags share), and [`RANGES`], the one
+//! `[defaults]` and the `--probe.*` flags share), and `RANGES`, the one
 //! table of their allowed values. The configuration, discovery and `check`
 //! build specs from here; nothing here knows where a value was written.
 

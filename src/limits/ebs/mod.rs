@@ -5,7 +5,7 @@
 //! IOPS or throughput and over the instance's EBS limits: the hypervisor
 //! delays completions there, and nothing in /sys says so.
 //!
-//! Each limits pass (at most once per [`MIN_PERIOD`]) finds EBS controllers
+//! Each limits pass (at most once per `MIN_PERIOD`) finds EBS controllers
 //! in `<sys_root>/class/nvme` (model "Amazon Elastic Block Store", serial
 //! `volXXXX` = volume `vol-XXXX`), joins their namespaces to the watched
 //! volumes by the whole disk's `MAJ:MIN`, reads each joined controller's

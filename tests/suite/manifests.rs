@@ -112,11 +112,7 @@ fn python_with_yaml() -> Option<Python> {
 /// `None` when tool tests are left out (see [`common::cannot_run`]); a
 /// failure otherwise (scripts/install-k8s-validator installs the validators).
 fn unavailable<T>(why: &str) -> Option<T> {
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_string();
-    common::cannot_run(common::Part::Tools, &test, why);
+    common::cannot_run_current(common::Part::Tools, why);
     None
 }
 

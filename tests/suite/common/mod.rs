@@ -557,6 +557,14 @@ impl Part {
 /// skipped: it says so on stderr and appends a line to the file
 /// `PGSE_SKIPPED_LOG` names, which the test command sums up at the end, so
 /// that a skip is never counted as a pass unnoticed.
+/// [`cannot_run`] for the test running on this thread: libtest names each
+/// test's thread after the test, for helpers deep in the harness that are
+/// not told which test called them.
+pub fn cannot_run_current(part: Part, why: &str) {
+    let name = std::thread::current().name().map(str::to_string);
+    cannot_run(part, name.as_deref().unwrap_or("a test"), why);
+}
+
 pub fn cannot_run(part: Part, test: &str, why: &str) {
     let allowed = std::env::var("PGSE_SKIP").is_ok_and(|v| {
         v.split(',')

@@ -379,11 +379,7 @@ fn lookup_user(name: &str) -> Option<(u32, u32, PathBuf)> {
 /// `None` when PostgreSQL tests are left out (see [`super::cannot_run`]);
 /// a failure otherwise.
 fn unavailable(why: &str) -> Option<PgServer> {
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("a test")
-        .to_string();
-    super::cannot_run(super::Part::Postgres, &test, why);
+    super::cannot_run_current(super::Part::Postgres, why);
     None
 }
 

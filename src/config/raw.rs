@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::ConfigError;
+use super::error::ConfigError;
 use crate::types::{EngineChoice, ProbeKind, SyncMethod};
 use crate::units::{ByteSize, HumanDuration};
 

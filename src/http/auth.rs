@@ -88,7 +88,7 @@ use zeroize::Zeroizing;
 
 pub(crate) use self::gate::{ClientKey, Gate};
 use crate::exposition::http_auth::Skipped;
-use crate::http::ClientAddr;
+use crate::http::serve::ClientAddr;
 
 /// Cached successful verifications before the cache is emptied. Far more
 /// than the handful of scrapers an exporter has; the bound only keeps a

@@ -37,16 +37,15 @@ use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
-use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::events::{Incidents, Report};
 use crate::exposition::connections::Listener as ListenerMetrics;
-use crate::http::ClientAddr;
 use crate::http::conns::{Admission, Closed, Conn, Table};
+use crate::http::watched::{Clock, Watched};
 
 /// Long enough for a TLS handshake and a request head across a slow WAN,
 /// short enough that connections which never complete one do not pile up.
@@ -107,15 +106,10 @@ pub(crate) struct Server {
     pub(crate) metrics: ListenerMetrics,
 }
 
-/// Milliseconds since the listener started: the clock of `conns.rs`.
+/// The peer address of a connection, as `ConnectInfo`, for every listener
+/// (plain TCP, systemd's sockets, TLS).
 #[derive(Debug, Clone, Copy)]
-struct Clock(Instant);
-
-impl Clock {
-    fn now(self) -> u64 {
-        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-}
+pub(crate) struct ClientAddr(pub(crate) SocketAddr);
 
 /// Accepts connections on `listener` (bound to `local`) until `stop` turns
 /// true, then waits up to [`SHUTDOWN_GRACE`] for the requests in progress.
@@ -129,7 +123,7 @@ pub(crate) async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let server = Arc::new(server);
-    let clock = Clock(Instant::now());
+    let clock = Clock::start();
     let sweeper = {
         let table = table.clone();
         tokio::spawn(async move {
@@ -386,104 +380,6 @@ fn http1_builder() -> http1::Builder {
     b
 }
 
-/// The accepted socket, telling its [`Conn`] when bytes arrive: the first
-/// byte after an idle wait starts the next request's header time.
-///
-/// Until the exporter first writes to it, the socket is closed with a reset
-/// (SO_LINGER 0) rather than a FIN: a connection that never got an answer
-/// (idle, half a request head or handshake) has nothing to deliver, and an
-/// abortive close leaves no TIME_WAIT socket behind; under a flood each
-/// eviction would leave one for a minute, and the kernel's table of them
-/// overflows. The first write turns the normal close back on, so no
-/// answer is ever cut short.
-#[derive(Debug)]
-pub(crate) struct Watched {
-    tcp: TcpStream,
-    conn: Arc<Conn>,
-    clock: Clock,
-    abortive: bool,
-}
-
-impl Watched {
-    fn new(tcp: TcpStream, conn: Arc<Conn>, clock: Clock) -> Watched {
-        let abortive = tcp.set_zero_linger().is_ok();
-        Watched {
-            tcp,
-            conn,
-            clock,
-            abortive,
-        }
-    }
-
-    /// Before the first write: back to the normal close, which delivers
-    /// what was written before the FIN.
-    fn graceful(&mut self) {
-        if std::mem::take(&mut self.abortive) {
-            // Deprecated only for a nonzero linger, which blocks the thread
-            // in close(2); None restores the default, which never does.
-            #[allow(deprecated)]
-            if let Err(e) = self.tcp.set_linger(None) {
-                tracing::debug!(error = %e, "cannot clear SO_LINGER");
-            }
-        }
-    }
-
-    pub(crate) async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.tcp.peek(buf).await
-    }
-
-    async fn readable(&self) -> io::Result<()> {
-        self.tcp.readable().await
-    }
-}
-
-impl AsyncRead for Watched {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.tcp).poll_read(cx, buf);
-        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.conn.bytes_arrived(self.clock.now());
-        }
-        r
-    }
-}
-
-impl AsyncWrite for Watched {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        self.graceful();
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        self.graceful();
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
-    }
-}
-
 /// The router as hyper's service, marking the connection busy from the
 /// handler's call to the drop of the response body: a connection with a
 /// request in progress is never closed to make room or for a deadline.
@@ -572,6 +468,7 @@ mod tests {
     use axum::routing::get;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::Semaphore;
+    use tokio::time::Instant;
 
     const HEADER: Duration = Duration::from_millis(400);
     const IDLE: Duration = Duration::from_millis(2_000);

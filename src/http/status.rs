@@ -24,7 +24,7 @@ use crate::probe::counts::SetupNote;
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Op, Phase, series};
 
-use super::AppState;
+use super::state::AppState;
 
 /// PostgreSQL's WAL syncs this many times slower than the probe's is worth
 /// a sentence: something slows PostgreSQL that the probe does not feel.

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
-use crate::limits::VolumeInput;
+use crate::limits::inputs::VolumeInput;
 use page::{Bin, Page};
 
 /// The page is read at most this often, whatever `limits_interval` says:

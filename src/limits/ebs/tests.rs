@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::page::{self, Bin, Counters, PageError};
 use super::*;
-use crate::limits::{DiskInput, VolumeInput};
+use crate::limits::inputs::{DiskInput, VolumeInput};
 
 fn bins(spec: &[(u64, u64, u32)]) -> Vec<Bin> {
     spec.iter()

@@ -1,6 +1,6 @@
 //! The session's client as the views use it. Every statement goes through
 //! [`Db`], which gives up on it at the client deadline (statement_timeout
-//! plus a margin, see `super::DEADLINE_MARGIN`).
+//! plus a margin, see `failure::DEADLINE_MARGIN`).
 //!
 //! The views cast every column to float8 so that counters of any width
 //! (int8, numeric, double precision) read the same way; SQL NULL (a time

@@ -16,6 +16,15 @@ use std::time::Duration;
 
 use super::tls::{self, ConnectError};
 
+/// Added to statement_timeout for the client deadline of each statement.
+/// The server cancels a statement at statement_timeout (and gives up a lock
+/// wait at lock_timeout, set to the same value) and answers with an error
+/// right away; no answer at all this much later means the server is not
+/// answering: a stopped or frozen backend, a backend stuck in uninterruptible
+/// IO on a stalled volume, a network path that died without a reset. Only
+/// the client can notice those.
+pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
+
 /// The cause label of a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Cause {
@@ -143,7 +152,7 @@ impl std::fmt::Display for QueryError {
                 f,
                 "no answer from PostgreSQL within {d:?} (statement_timeout plus {:?}): \
                  the server did not even cancel the statement",
-                super::DEADLINE_MARGIN
+                DEADLINE_MARGIN
             ),
         }
     }

@@ -12,10 +12,13 @@ pub(crate) mod db;
 pub(crate) mod discovery;
 pub mod dsn;
 pub(crate) mod failure;
+pub(crate) mod snapshot;
 pub(crate) mod tls;
 pub(crate) mod views;
 
-use std::collections::{BTreeMap, VecDeque};
+pub(crate) use snapshot::{ClusterSnapshot, PgStats};
+
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -27,13 +30,8 @@ use crate::model::ceiling::{
 use crate::types::{Collector, SyncMethod};
 use db::{Db, QResult};
 use dsn::Target;
-use failure::{Cause, ConnectFailure, Failures, QueryError, Report};
-use views::activity::WaitTotals;
-use views::checkpoints::Checkpoints;
-use views::database::Transactions;
-use views::io::IoRow;
-use views::settings::Setting;
-use views::wal::WalStats;
+use failure::{Cause, ConnectFailure, DEADLINE_MARGIN, Failures, QueryError, Report};
+use views::rows::Setting;
 
 /// A cluster to watch, validated.
 #[derive(Clone)]
@@ -63,75 +61,6 @@ impl std::fmt::Debug for ClusterConfig {
             .field("discover_volumes", &self.discover_volumes)
             .field("collectors", &self.collectors)
             .finish()
-    }
-}
-
-/// The latest statistics read from a cluster.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct PgStats {
-    pub(crate) settings: Vec<Setting>,
-    pub(crate) io: Option<Vec<IoRow>>,
-    pub(crate) wal: Option<WalStats>,
-    pub(crate) transactions: Option<Transactions>,
-    pub(crate) checkpoints: Option<Checkpoints>,
-    /// The fastest round trip of `SELECT 1` this scrape, in seconds; `None`
-    /// over a network (see `views::round_trip`).
-    pub(crate) round_trip: Option<f64>,
-}
-
-/// What the metrics encoder reads about a cluster.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct ClusterSnapshot {
-    pub(crate) name: String,
-    pub(crate) up: bool,
-    pub(crate) version: Option<(u32, String)>,
-    /// Behind an `Arc`, like `waits`: every scrape takes a snapshot, and
-    /// the statistics (settings, pg_stat_io rows) change once per
-    /// collection, so a snapshot shares them instead of copying them.
-    pub(crate) stats: Option<Arc<PgStats>>,
-    pub(crate) scrape_seconds: Option<f64>,
-    /// Failures by (what failed: `connect` or a query, cause label).
-    pub(crate) errors: BTreeMap<(&'static str, &'static str), u64>,
-    /// Changed in place (`Arc::make_mut`): copied only when a scrape
-    /// still holds the previous totals.
-    pub(crate) waits: Arc<WaitTotals>,
-    /// (volume, role) pairs from discovery or matching configured volumes.
-    pub(crate) volumes: Vec<(String, String)>,
-    /// Mean WAL sync seconds over the window, from PostgreSQL's counters.
-    pub(crate) wal_sync_mean: Option<f64>,
-    /// What one client's commit waits on its WAL by PostgreSQL's own
-    /// figures (the write of its record into the kernel, then the sync):
-    /// the mean WAL write + sync seconds per sync over the collection
-    /// intervals of the window in which each sync was one small commit's
-    /// (`model::ceiling::one_client_wal_seconds`), the `postgres` commit
-    /// ceiling basis. `None` when no interval qualifies: only group
-    /// commit, bulk loads or no writes in the window, or no WAL timing.
-    pub(crate) wal_one_commit: Option<f64>,
-    /// Seconds PostgreSQL spent in WAL syncs per second of wall time over
-    /// the window (the sync seconds counter's rate): 0.5 is half the time.
-    pub(crate) wal_sync_share: Option<f64>,
-    /// The fastest round trip of `SELECT 1` over the window, in seconds
-    /// (`views::round_trip`): added to the WAL time in the `postgres`
-    /// commit ceiling basis.
-    pub(crate) round_trip: Option<f64>,
-    /// The latest failure: (what failed, cause label, unix time).
-    pub(crate) last_error: Option<(&'static str, &'static str, f64)>,
-}
-
-impl ClusterSnapshot {
-    pub(crate) fn setting(&self, name: &str) -> Option<&Setting> {
-        self.stats
-            .as_ref()?
-            .settings
-            .iter()
-            .find(|s| s.name == name)
-    }
-
-    pub(crate) fn wal_volume(&self) -> Option<&str> {
-        self.volumes
-            .iter()
-            .find(|(_, r)| r == "wal")
-            .map(|(v, _)| v.as_str())
     }
 }
 
@@ -349,15 +278,6 @@ impl ClusterSet {
 
 const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
-
-/// Added to statement_timeout for the client deadline of each statement.
-/// The server cancels a statement at statement_timeout (and gives up a lock
-/// wait at lock_timeout, set to the same value) and answers with an error
-/// right away; no answer at all this much later means the server is not
-/// answering: a stopped or frozen backend, a backend stuck in uninterruptible
-/// IO on a stalled volume, a network path that died without a reset. Only
-/// the client can notice those.
-pub(crate) const DEADLINE_MARGIN: Duration = Duration::from_secs(2);
 
 /// How long one statement may go without an answer before the connection
 /// is dropped: statement_timeout + [`DEADLINE_MARGIN`].
@@ -886,14 +806,14 @@ mod tests {
         xid: f64,
     ) -> PgStats {
         PgStats {
-            wal: Some(views::wal::WalStats {
+            wal: Some(views::rows::WalStats {
                 syncs: Some(syncs),
                 sync_seconds: Some(sync_seconds),
                 write_seconds,
                 bytes: Some(bytes),
                 ..Default::default()
             }),
-            transactions: Some(views::database::Transactions {
+            transactions: Some(views::rows::Transactions {
                 commits: Some(xid),
                 next_xid: Some(xid),
                 ..Default::default()

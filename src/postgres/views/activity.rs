@@ -10,16 +10,14 @@
 //! extensions define their own `Extension` events. Labels are exported as the server
 //! reports them; dashboards should match both spellings
 //! (`wait_event=~"WALSync|WalSync"`). The label set is bounded: unknown
-//! types become `Other`, and past [`MAX_EVENTS`] distinct events the rest
+//! types become `Other`, and past [`MAX_EVENTS`](super::rows::MAX_EVENTS) distinct events the rest
 //! are counted as `other`. The query itself is the same from 14 to 18.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::time::{Duration, Instant};
 
 use crate::families::{self, Encoder};
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult};
+use crate::postgres::snapshot::ClusterSnapshot;
 
 /// One sample of pg_stat_activity.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -78,79 +76,6 @@ pub(crate) async fn sees_all_backends(c: Db<'_>) -> QResult<bool> {
     Ok(row.try_get(0)?)
 }
 
-/// Distinct (type, event) pairs kept per cluster.
-pub(crate) const MAX_EVENTS: usize = 400;
-
-const TYPES: &[&str] = &[
-    "Activity",
-    "BufferPin",
-    "Client",
-    "Extension",
-    "InjectionPoint",
-    "IO",
-    "IPC",
-    "Lock",
-    "LWLock",
-    "Timeout",
-];
-
-#[derive(Debug, Clone, Default)]
-pub(crate) struct WaitTotals {
-    /// Backend-seconds per (wait_event_type, wait_event).
-    pub(crate) seconds: BTreeMap<(String, String), f64>,
-    /// Backends waiting in the latest sample, per wait_event_type.
-    pub(crate) now: BTreeMap<String, u64>,
-    /// Backends whose wait state the role could not see in the latest
-    /// sample (see `SQL`); `None` before the first sample of a
-    /// session.
-    pub(crate) hidden: Option<u64>,
-    last: Option<Instant>,
-}
-
-impl WaitTotals {
-    /// Adds one sample taken at `at`. The time attributed is the time since
-    /// the previous sample, capped at twice the sampling interval so that a
-    /// gap (server down, exporter paused) is not charged to whatever waits
-    /// right after it; the first sample counts one interval.
-    pub(crate) fn add(&mut self, at: Instant, interval: Duration, rows: &[(String, String, i64)]) {
-        let dt = match self.last {
-            Some(prev) => at.saturating_duration_since(prev).min(interval * 2),
-            None => interval,
-        }
-        .as_secs_f64();
-        self.last = Some(at);
-        for v in self.now.values_mut() {
-            *v = 0;
-        }
-        for (t, e, n) in rows {
-            let n = (*n).max(0) as u64;
-            let ty = if TYPES.contains(&t.as_str()) {
-                t.clone()
-            } else {
-                "Other".to_string()
-            };
-            *self.now.entry(ty.clone()).or_default() += n;
-            let key = (ty.clone(), e.clone());
-            let key = if self.seconds.contains_key(&key) || self.seconds.len() < MAX_EVENTS {
-                key
-            } else {
-                (ty, "other".to_string())
-            };
-            *self.seconds.entry(key).or_default() += dt * n as f64;
-        }
-    }
-
-    /// Forgets the sampling clock (after an outage), keeping the totals:
-    /// they are counters and must not go backwards.
-    pub(crate) fn pause(&mut self) {
-        self.last = None;
-        self.hidden = None;
-        for v in self.now.values_mut() {
-            *v = 0;
-        }
-    }
-}
-
 pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
     // Counters: kept across an outage, so they never go backwards.
     families::counter(
@@ -187,7 +112,7 @@ pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt
             })
         }),
     )?;
-    super::cluster_gauge(
+    crate::postgres::snapshot::cluster_gauge(
         enc,
         "pgstorage_pg_wait_hidden_backends",
         "Backends (other roles' sessions, background processes) whose wait events the exporter's role could not see in the latest sample: it lacks pg_read_all_stats (pg_monitor); 0 when it sees everything",
@@ -199,6 +124,8 @@ pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::postgres::views::rows::{MAX_EVENTS, WaitTotals};
+    use std::time::{Duration, Instant};
 
     fn row(t: &str, e: &str, n: i64) -> (String, String, i64) {
         (t.into(), e.into(), n)

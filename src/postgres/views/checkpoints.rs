@@ -10,25 +10,11 @@
 use std::fmt;
 
 use crate::families::{self, Encoder};
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
+use crate::postgres::snapshot::ClusterSnapshot;
+use crate::postgres::views::rows::Checkpoints;
 
-use super::cluster_counter;
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Checkpoints {
-    pub(crate) timed: Option<f64>,
-    pub(crate) requested: Option<f64>,
-    pub(crate) write_seconds: Option<f64>,
-    pub(crate) sync_seconds: Option<f64>,
-    pub(crate) buffers_written: Option<f64>,
-    pub(crate) bgwriter_buffers_clean: Option<f64>,
-    pub(crate) bgwriter_maxwritten_clean: Option<f64>,
-    pub(crate) buffers_alloc: Option<f64>,
-    /// Up to 16 only: writes and fsyncs backends had to do themselves.
-    pub(crate) backend_buffers_written: Option<f64>,
-    pub(crate) backend_fsyncs: Option<f64>,
-}
+use crate::postgres::snapshot::cluster_counter;
 
 /// 14 to 16: everything in pg_stat_bgwriter.
 const SQL_BGWRITER: &str = "SELECT checkpoints_timed::float8, checkpoints_req::float8, \

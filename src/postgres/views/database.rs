@@ -13,18 +13,11 @@
 use std::fmt;
 
 use crate::families::Encoder;
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult, float};
+use crate::postgres::snapshot::ClusterSnapshot;
+use crate::postgres::views::rows::Transactions;
 
-use super::cluster_counter;
-
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Transactions {
-    pub(crate) commits: Option<f64>,
-    pub(crate) rollbacks: Option<f64>,
-    /// The next transaction id to be assigned; None in recovery.
-    pub(crate) next_xid: Option<f64>,
-}
+use crate::postgres::snapshot::cluster_counter;
 
 const SQL: &str = "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8, \
      CASE WHEN pg_is_in_recovery() THEN NULL \

@@ -7,27 +7,9 @@
 //! object 'wal') move variable amounts.
 
 use crate::families::{self, Format};
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
-
-/// One row of pg_stat_io.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct IoRow {
-    pub(crate) backend_type: String,
-    pub(crate) object: String,
-    pub(crate) context: String,
-    /// read, write, writeback, extend, hit, eviction, reuse, fsync.
-    pub(crate) ops: Vec<IoOp>,
-}
-
-/// One op column group of a pg_stat_io row.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct IoOp {
-    pub(crate) op: &'static str,
-    pub(crate) count: Option<f64>,
-    pub(crate) seconds: Option<f64>,
-    pub(crate) bytes: Option<f64>,
-}
+use crate::postgres::snapshot::ClusterSnapshot;
+use crate::postgres::views::rows::{IoOp, IoRow};
 
 fn op(op: &'static str, count: Option<f64>, seconds: Option<f64>, bytes: Option<f64>) -> IoOp {
     IoOp {

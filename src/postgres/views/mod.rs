@@ -1,7 +1,7 @@
-//! One module per PostgreSQL view the collector reads: its SQL, its row
-//! type, which server versions have which columns, the function that runs
-//! it through [`Db`](super::db::Db), the encoder of its metric families and
-//! its tests. [`encode`] writes every `pgstorage_pg_*` family (and
+//! One module per PostgreSQL view the collector reads: its SQL, which
+//! server versions have which columns, the function that runs it through
+//! [`Db`](super::db::Db), the encoder of its metric families and its tests;
+//! the row types are in [`rows`], which the snapshot holds. [`encode`] writes every `pgstorage_pg_*` family (and
 //! `pgstorage_cluster_volume_info`) from the cluster snapshots, except the
 //! three pg_stat_io families, which the exposition appends with
 //! [`io::encode_lines`] (the largest families, written line by line).
@@ -26,6 +26,7 @@ pub(crate) mod checkpoints;
 pub(crate) mod database;
 pub(crate) mod io;
 pub(crate) mod round_trip;
+pub(crate) mod rows;
 pub(crate) mod settings;
 pub(crate) mod tablespaces;
 pub(crate) mod version;
@@ -35,7 +36,7 @@ use std::fmt;
 
 use crate::families::{self, Encoder};
 
-use super::ClusterSnapshot;
+use super::snapshot::{ClusterSnapshot, cluster_gauge};
 
 /// Writes the PostgreSQL families of all clusters.
 pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {
@@ -87,43 +88,6 @@ fn encode_collector(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt:
                 )
             })
         }),
-    )
-}
-
-/// A gauge family with one series per cluster that has a value.
-pub(crate) fn cluster_gauge(
-    enc: &mut Encoder<'_>,
-    name: &str,
-    help: &str,
-    clusters: &[ClusterSnapshot],
-    get: impl Fn(&ClusterSnapshot) -> Option<f64>,
-) -> fmt::Result {
-    families::gauge(
-        enc,
-        name,
-        help,
-        clusters
-            .iter()
-            .filter_map(|c| Some(([("cluster", c.name.as_str())], get(c)?))),
-    )
-}
-
-/// A counter family (`base` without `_total`) with one series per cluster
-/// that has a value.
-pub(crate) fn cluster_counter(
-    enc: &mut Encoder<'_>,
-    base: &str,
-    help: &str,
-    clusters: &[ClusterSnapshot],
-    get: impl Fn(&ClusterSnapshot) -> Option<f64>,
-) -> fmt::Result {
-    families::counter(
-        enc,
-        base,
-        help,
-        clusters
-            .iter()
-            .filter_map(|c| Some(([("cluster", c.name.as_str())], get(c)?))),
     )
 }
 

@@ -19,11 +19,11 @@
 use std::fmt;
 use std::time::Instant;
 
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult};
+use crate::postgres::snapshot::ClusterSnapshot;
 
-use super::cluster_gauge;
 use crate::families::Encoder;
+use crate::postgres::snapshot::cluster_gauge;
 
 /// Round trips per scrape; the fastest counts. Back to back, so the later
 /// ones find the connection, the backend and the CPU awake, as a client

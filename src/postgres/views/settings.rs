@@ -7,21 +7,9 @@
 use std::fmt;
 
 use crate::families::{self, Encoder};
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult};
-
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Setting {
-    pub(crate) name: String,
-    pub(crate) value: String,
-    /// In base units (bytes, seconds), booleans as 0/1; `None` for enums
-    /// and strings.
-    pub(crate) numeric: Option<f64>,
-    /// Where the value comes from (`default`, `configuration file`, ...).
-    pub(crate) source: String,
-    /// Changed in the configuration but waiting for a restart.
-    pub(crate) pending_restart: bool,
-}
+use crate::postgres::snapshot::ClusterSnapshot;
+use crate::postgres::views::rows::Setting;
 
 /// Settings that decide how PostgreSQL does IO: the first [`EXPORTED_LEN`]
 /// are exported as values; data_directory and port are read for volume

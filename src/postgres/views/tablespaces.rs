@@ -9,8 +9,8 @@
 use std::fmt;
 
 use crate::families::{self, Encoder};
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult};
+use crate::postgres::snapshot::ClusterSnapshot;
 
 const SQL: &str = "SELECT spcname::text, pg_tablespace_location(oid) FROM pg_tablespace \
      WHERE pg_tablespace_location(oid) <> '' ORDER BY 1";

@@ -4,8 +4,8 @@
 use std::fmt;
 
 use crate::families::{self, Encoder};
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult};
+use crate::postgres::snapshot::ClusterSnapshot;
 
 /// The oldest version read: pg_stat_wal (WAL records, writes, syncs and
 /// their timing) exists from 14. Older servers get a connection and

@@ -10,22 +10,11 @@
 use std::fmt;
 
 use crate::families::Encoder;
-use crate::postgres::ClusterSnapshot;
 use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
+use crate::postgres::snapshot::ClusterSnapshot;
+use crate::postgres::views::rows::WalStats;
 
-use super::{cluster_counter, cluster_gauge};
-
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct WalStats {
-    pub(crate) syncs: Option<f64>,
-    pub(crate) sync_seconds: Option<f64>,
-    pub(crate) writes: Option<f64>,
-    pub(crate) write_seconds: Option<f64>,
-    pub(crate) records: Option<f64>,
-    pub(crate) fpi: Option<f64>,
-    pub(crate) bytes: Option<f64>,
-    pub(crate) buffers_full: Option<f64>,
-}
+use crate::postgres::snapshot::{cluster_counter, cluster_gauge};
 
 /// Up to 17: the whole row, write and sync figures included.
 const SQL_UP_TO_17: &str = "SELECT wal_records::float8, wal_fpi::float8, wal_bytes::float8, \

@@ -266,42 +266,12 @@ fn stats(h: &Histogram<u64>) -> Option<OpStats> {
 }
 
 pub(crate) fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
-    let path = std::fs::canonicalize(&opts.path)
-        .with_context(|| format!("path {}", opts.path.display()))?;
-    if !path.is_dir() {
-        bail!("path {} is not a directory", path.display());
-    }
-    let probe_dir = match &opts.probe_dir {
-        Some(p) if p.is_absolute() => p.clone(),
-        Some(p) => std::env::current_dir()
-            .context("current directory")?
-            .join(p),
-        None => path.join(CHECK_DIR_NAME),
-    };
-    if probe_dir.ends_with(PROBE_DIR_NAME) {
-        bail!(
-            "{} is the daemon's probe directory; give check its own --probe-dir",
-            probe_dir.display()
-        );
-    }
-    check_probe_dir(&path, &probe_dir, Asker::Check).map_err(|m| anyhow::anyhow!(m))?;
+    let (path, probe_dir) = paths(opts)?;
     let fs = fsinfo::lookup(&path, &Roots::default());
     let (mut engine, fallback) = Engine::new(opts.engine)?;
     // Ctrl-C or SIGTERM end the run early; the files are still removed.
     crate::sys::catch_interrupts();
-
-    let dir = ProbeDir::open(&probe_dir)
-        .map_err(|e| cannot_create(e, probe_dir.parent().unwrap_or(&path)))?;
-    let result = {
-        // Gone (and its line erased) before anything else is written.
-        let progress = Progress::new();
-        measure(opts, &dir, &mut engine, &progress)
-    };
-    let problems = dir.remove_all();
-    for p in problems {
-        tracing::error!(problem = %p, "could not remove probe file");
-    }
-    let m = result?;
+    let m = measure_in(opts, &path, &probe_dir, &mut engine)?;
 
     let observed = Observed {
         fstype: &fs.fstype,
@@ -321,24 +291,8 @@ pub(crate) fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
         (opts.commit && observed.commit.is_some()).then_some(fast),
     );
     let commit = observed.commit;
-    let sweep_write_iops = m
-        .sweep
-        .iter()
-        .flatten()
-        .find(|t| t.resource == Resource::WriteIops)
-        .and_then(|t| t.detected);
     let cgroup_cap = cgroup_write_iops(&fs.majmin);
-    let caps: Vec<Cap> = sweep_write_iops
-        .map(|c| Cap {
-            write_iops: c,
-            source: CapSource::Sweep,
-        })
-        .into_iter()
-        .chain(cgroup_cap.map(|c| Cap {
-            write_iops: c as f64,
-            source: CapSource::Cgroup,
-        }))
-        .collect();
+    let caps = write_caps(&m.sweep, cgroup_cap);
     let busy = commit.map(|c| (c.count, c.mean, c.max));
     let commit_ceilings = ceiling::ceilings(busy, &caps, DEFAULT_WRITES_PER_COMMIT);
     let in_force = ceiling::in_force(&commit_ceilings);
@@ -375,6 +329,75 @@ pub(crate) fn run(opts: &CheckOptions) -> anyhow::Result<Report> {
     };
     report.judge();
     Ok(report)
+}
+
+/// The directory measured (canonical) and the probe directory `check`
+/// creates in it or at `--probe-dir`: never the daemon's, one PostgreSQL
+/// owns, or one on another filesystem than the volume.
+fn paths(opts: &CheckOptions) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let path = std::fs::canonicalize(&opts.path)
+        .with_context(|| format!("path {}", opts.path.display()))?;
+    if !path.is_dir() {
+        bail!("path {} is not a directory", path.display());
+    }
+    let probe_dir = match &opts.probe_dir {
+        Some(p) if p.is_absolute() => p.clone(),
+        Some(p) => std::env::current_dir()
+            .context("current directory")?
+            .join(p),
+        None => path.join(CHECK_DIR_NAME),
+    };
+    if probe_dir.ends_with(PROBE_DIR_NAME) {
+        bail!(
+            "{} is the daemon's probe directory; give check its own --probe-dir",
+            probe_dir.display()
+        );
+    }
+    check_probe_dir(&path, &probe_dir, Asker::Check).map_err(|m| anyhow::anyhow!(m))?;
+    Ok((path, probe_dir))
+}
+
+/// Creates the probe directory, measures, and removes the probe files
+/// whether the measurement succeeded or not.
+fn measure_in(
+    opts: &CheckOptions,
+    path: &Path,
+    probe_dir: &Path,
+    engine: &mut Engine,
+) -> anyhow::Result<Measured> {
+    let dir = ProbeDir::open(probe_dir)
+        .map_err(|e| cannot_create(e, probe_dir.parent().unwrap_or(path)))?;
+    let result = {
+        // Gone (and its line erased) before anything else is written.
+        let progress = Progress::new();
+        measure(opts, &dir, engine, &progress)
+    };
+    let problems = dir.remove_all();
+    for p in problems {
+        tracing::error!(problem = %p, "could not remove probe file");
+    }
+    result
+}
+
+/// The write-IOPS caps `check` knows: the sweep's write plateau and the
+/// cgroup's limit, each a basis of the commit ceiling.
+fn write_caps(sweep: &Option<Vec<Table>>, cgroup_cap: Option<u64>) -> Vec<Cap> {
+    let sweep_write_iops = sweep
+        .iter()
+        .flatten()
+        .find(|t| t.resource == Resource::WriteIops)
+        .and_then(|t| t.detected);
+    sweep_write_iops
+        .map(|c| Cap {
+            write_iops: c,
+            source: CapSource::Sweep,
+        })
+        .into_iter()
+        .chain(cgroup_cap.map(|c| Cap {
+            write_iops: c as f64,
+            source: CapSource::Cgroup,
+        }))
+        .collect()
 }
 
 impl Report {
@@ -798,6 +821,38 @@ pub(crate) fn render_text(r: &Report) -> String {
     let _ = writeln!(o, "pg-storage-exporter check {}", r.path.display());
     write_lead(&mut o, r);
     let _ = writeln!(o);
+    write_setup(&mut o, r);
+    let _ = writeln!(o);
+    write_latencies(&mut o, r);
+    let _ = writeln!(o);
+    write_ceilings(&mut o, r);
+    if r.reads_total > 0 {
+        let _ = writeln!(
+            o,
+            "  reads served by a cache below the OS: {} of {}",
+            r.cache_served_reads, r.reads_total
+        );
+    }
+    for e in &r.errors {
+        let _ = writeln!(o, "  error: {e}");
+    }
+    for t in r.sweep_tables.iter().flatten() {
+        write_sweep_table(&mut o, t);
+    }
+    let _ = writeln!(o);
+    if r.interrupted {
+        let _ = writeln!(
+            o,
+            "  interrupted: figures cover only the time before the signal"
+        );
+    }
+    o.push_str(&render_audit_text(&r.audit));
+    o
+}
+
+/// Where and how the probes ran: filesystem, engine, sync method, time.
+fn write_setup(o: &mut String, r: &Report) {
+    use std::fmt::Write;
     let _ = writeln!(
         o,
         "  filesystem   {} on {} ({})",
@@ -832,7 +887,11 @@ pub(crate) fn render_text(r: &Report) -> String {
         "  ran          {:.1} s, queue depth 1",
         r.duration_seconds
     );
-    let _ = writeln!(o);
+}
+
+/// One line of latency figures per probed operation.
+fn write_latencies(o: &mut String, r: &Report) {
+    use std::fmt::Write;
     let _ = writeln!(
         o,
         "  {:<7}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
@@ -859,7 +918,12 @@ pub(crate) fn render_text(r: &Report) -> String {
             );
         }
     }
-    let _ = writeln!(o);
+}
+
+/// The commit ceiling on each basis, then what the commit latencies (back
+/// to back and after a pause) say about it.
+fn write_ceilings(o: &mut String, r: &Report) {
+    use std::fmt::Write;
     if r.commit_ceilings.is_empty() {
         let _ = writeln!(o, "  commit ceiling: not measured");
     } else {
@@ -900,28 +964,6 @@ pub(crate) fn render_text(r: &Report) -> String {
             fmt_seconds(a.max)
         );
     }
-    if r.reads_total > 0 {
-        let _ = writeln!(
-            o,
-            "  reads served by a cache below the OS: {} of {}",
-            r.cache_served_reads, r.reads_total
-        );
-    }
-    for e in &r.errors {
-        let _ = writeln!(o, "  error: {e}");
-    }
-    for t in r.sweep_tables.iter().flatten() {
-        write_sweep_table(&mut o, t);
-    }
-    let _ = writeln!(o);
-    if r.interrupted {
-        let _ = writeln!(
-            o,
-            "  interrupted: figures cover only the time before the signal"
-        );
-    }
-    o.push_str(&render_audit_text(&r.audit));
-    o
 }
 
 /// The report's first lines: the ceiling in force in plain words, then the

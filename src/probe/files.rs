@@ -24,7 +24,7 @@
 //! because an open descriptor keeps writing to its inode after the name was
 //! unlinked or renamed over, without any error.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -438,6 +438,120 @@ fn read_lock(fd: &OwnedFd) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// Refuses the probe directory at `path`, saying why.
+fn refuse(path: &Path, reason: String) -> SetupError {
+    SetupError::UnsafeDir {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// The directory the probe directory is made in, and its name there.
+fn parent_and_name(path: &Path) -> Result<(&Path, &OsStr), SetupError> {
+    // Before any system call, whose error would show the path raw: no
+    // file name can hold the byte anyway.
+    if path.as_os_str().as_encoded_bytes().contains(&0) {
+        return Err(refuse(path, "path contains a NUL byte".to_string()));
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(p), Some(n)) => Ok((
+            if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            },
+            n,
+        )),
+        _ => Err(refuse(
+            path,
+            "has no name of its own in a parent directory".to_string(),
+        )),
+    }
+}
+
+/// Creates (0700) or opens the probe directory `name` in `parent_path`:
+/// the parent, whether this call created the directory, the directory.
+fn open_dir(
+    path: &Path,
+    parent_path: &Path,
+    name: &OsStr,
+) -> Result<(OwnedFd, bool, OwnedFd), SetupError> {
+    let io_err = |what, source| SetupError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    // The parent is reached through symlinks (a volume path may be one);
+    // only the probe directory itself must not be a link.
+    let parent = rustix::fs::open(
+        parent_path,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io_err("creating probe directory", e.into()))?;
+    let created = match rustix::fs::mkdirat(&parent, name, PRIVATE_DIR) {
+        Ok(()) => true,
+        Err(rustix::io::Errno::EXIST) => false,
+        Err(e) => return Err(io_err("creating probe directory", e.into())),
+    };
+    let dir = rustix::fs::openat(
+        &parent,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => refuse(
+            path,
+            "is a symlink or not a directory; refusing to follow it".to_string(),
+        ),
+        e => io_err("opening probe directory", e.into()),
+    })?;
+    Ok((parent, created, dir))
+}
+
+/// Refuses a probe directory that another user owns or may write into:
+/// what is in it would not be this process's alone.
+fn owned_privately(st: &Stat, path: &Path) -> Result<(), SetupError> {
+    let euid = rustix::process::geteuid().as_raw();
+    if st.st_uid != euid {
+        return Err(refuse(
+            path,
+            format!(
+                "owned by uid {}, not by this process (uid {euid}); refusing to write into it",
+                st.st_uid
+            ),
+        ));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(refuse(
+            path,
+            format!(
+                "mode {:o} lets other users write into it; chmod 0700 it or remove it",
+                st.st_mode & 0o7777
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Takes the lock in `dir`: a new lock file, or a crashed run's with the
+/// record it carried; `None` while another exporter holds it.
+fn lock_dir(dir: &OwnedFd, path: &Path) -> Result<Option<(OwnedFd, Option<Record>)>, SetupError> {
+    // Twice at most: a lock that appears between the look and the
+    // creation (another exporter starting) is looked at again.
+    for _ in 0..2 {
+        let step = take_lock(dir, path).and_then(|found| match found {
+            Found::Nothing => Ok(create_lock(dir, path)?.map(|fd| (fd, None))),
+            Found::Crashed(fd, r) => Ok(Some((fd, Some(r)))),
+        });
+        if let Some(t) = step? {
+            return Ok(Some(t));
+        }
+    }
+    Ok(None)
+}
+
 /// What was found at the lock file's name.
 enum Found {
     /// Nothing: this run makes its own.
@@ -475,55 +589,8 @@ impl ProbeDir {
             path: path.to_path_buf(),
             source,
         };
-        let refuse = |reason: String| SetupError::UnsafeDir {
-            path: path.to_path_buf(),
-            reason,
-        };
-        // Before any system call, whose error would show the path raw: no
-        // file name can hold the byte anyway.
-        if path.as_os_str().as_encoded_bytes().contains(&0) {
-            return Err(refuse("path contains a NUL byte".to_string()));
-        }
-        let (parent_path, name) = match (path.parent(), path.file_name()) {
-            (Some(p), Some(n)) => (
-                if p.as_os_str().is_empty() {
-                    Path::new(".")
-                } else {
-                    p
-                },
-                n,
-            ),
-            _ => {
-                return Err(refuse(
-                    "has no name of its own in a parent directory".to_string(),
-                ));
-            }
-        };
-        // The parent is reached through symlinks (a volume path may be one);
-        // only the probe directory itself must not be a link.
-        let parent = rustix::fs::open(
-            parent_path,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| io_err("creating probe directory", e.into()))?;
-        let created = match rustix::fs::mkdirat(&parent, name, PRIVATE_DIR) {
-            Ok(()) => true,
-            Err(rustix::io::Errno::EXIST) => false,
-            Err(e) => return Err(io_err("creating probe directory", e.into())),
-        };
-        let dir = rustix::fs::openat(
-            &parent,
-            name,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR => {
-                refuse("is a symlink or not a directory; refusing to follow it".to_string())
-            }
-            e => io_err("opening probe directory", e.into()),
-        })?;
+        let (parent_path, name) = parent_and_name(path)?;
+        let (parent, created, dir) = open_dir(path, parent_path, name)?;
         let st = fstat(&dir).map_err(|e| io_err("stat of probe directory", e))?;
         let id = FileId::of(&st);
         let identity = Identity::of_fd(&dir).map_err(|e| io_err("stat of probe directory", e))?;
@@ -534,41 +601,13 @@ impl ProbeDir {
                 let _ = rustix::fs::unlinkat(&parent, name, AtFlags::REMOVEDIR);
             }
         };
-        let euid = rustix::process::geteuid().as_raw();
-        if st.st_uid != euid {
-            undo();
-            return Err(refuse(format!(
-                "owned by uid {}, not by this process (uid {euid}); refusing to write into it",
-                st.st_uid
-            )));
-        }
-        if st.st_mode & 0o022 != 0 {
-            undo();
-            return Err(refuse(format!(
-                "mode {:o} lets other users write into it; chmod 0700 it or remove it",
-                st.st_mode & 0o7777
-            )));
-        }
-        // Twice at most: a lock that appears between the look and the
-        // creation (another exporter starting) is looked at again.
-        let mut taken = None;
-        for _ in 0..2 {
-            let step = take_lock(&dir, path).and_then(|found| match found {
-                Found::Nothing => Ok(create_lock(&dir, path)?.map(|fd| (fd, None))),
-                Found::Crashed(fd, r) => Ok(Some((fd, Some(r)))),
-            });
-            match step {
-                Ok(None) => {}
-                Ok(Some(t)) => {
-                    taken = Some(t);
-                    break;
-                }
-                Err(e) => {
-                    undo();
-                    return Err(e);
-                }
+        let taken = match owned_privately(&st, path).and_then(|()| lock_dir(&dir, path)) {
+            Ok(taken) => taken,
+            Err(e) => {
+                undo();
+                return Err(e);
             }
-        }
+        };
         let Some((fd, earlier)) = taken else {
             undo();
             return Err(SetupError::InUse {

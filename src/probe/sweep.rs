@@ -372,38 +372,21 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
     let blocks = (s.target.size / N as u64).max(1);
     // Sequential IO starts at a random block, so that successive depths do
     // not re-read what the previous one left in a device cache.
-    let mut next = rng.below(blocks);
-    let mut pushed_bytes = 0u64;
-    // Set when the budget, not the clock, ends the depth: submit is only
-    // asked for more while the depth's time runs.
-    let mut cut_short = false;
+    let next = rng.below(blocks);
+    let mut feed = Feed {
+        s,
+        rng,
+        blocks,
+        next,
+        pushed_bytes: 0,
+        cut_short: false,
+    };
     let write = s.w.writes();
-    let mut submit =
-        |queue: &mut UringQueue<N>, slot: usize, started: &mut [Instant]| -> Result<bool, String> {
-            if s.budget
-                .is_some_and(|b| pushed_bytes.saturating_add(N as u64) > b)
-            {
-                cut_short = true;
-                return Ok(false);
-            }
-            if let Some(t) = started.get_mut(slot) {
-                *t = Instant::now();
-            }
-            let at = offset(s.w.pattern, N, blocks, &mut next, &mut rng);
-            if write {
-                queue.push_write(slot, at)
-            } else {
-                queue.push_read(slot, at)
-            }
-            .map_err(str::to_string)?;
-            pushed_bytes += N as u64;
-            Ok(true)
-        };
     let mut failed: Option<String> = None;
     for slot in 0..depth as usize {
         // A failed push leaves nothing in flight for that slot; the drain
         // below still waits for the ones that were pushed.
-        match submit(&mut queue, slot, &mut started) {
+        match feed.submit(&mut queue, slot, &mut started) {
             Ok(true) => {}
             Ok(false) => break,
             Err(e) => {
@@ -435,7 +418,7 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
                 }
             }
             let keep_going = failed.is_none() && t0.elapsed() < s.dur && !stop();
-            if keep_going && let Err(e) = submit(&mut queue, slot, &mut started) {
+            if keep_going && let Err(e) = feed.submit(&mut queue, slot, &mut started) {
                 failed.get_or_insert(e);
             }
         }
@@ -443,14 +426,76 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
     if let Some(f) = failed {
         return Err(f);
     }
+    Ok(point(depth, t0, warm, &all, &steady, feed.cut_short))
+}
+
+/// What a depth pushes next: its pattern's offsets, within its budget.
+struct Feed<'s, 'a> {
+    s: &'s Step<'a>,
+    rng: Rng,
+    blocks: u64,
+    next: u64,
+    pushed_bytes: u64,
+    /// Set when the budget, not the clock, ends the depth: submit is only
+    /// asked for more while the depth's time runs.
+    cut_short: bool,
+}
+
+impl Feed<'_, '_> {
+    /// Pushes the next IO into `slot`; false when the budget is spent.
+    fn submit<const N: usize>(
+        &mut self,
+        queue: &mut UringQueue<N>,
+        slot: usize,
+        started: &mut [Instant],
+    ) -> Result<bool, String> {
+        if self
+            .s
+            .budget
+            .is_some_and(|b| self.pushed_bytes.saturating_add(N as u64) > b)
+        {
+            self.cut_short = true;
+            return Ok(false);
+        }
+        if let Some(t) = started.get_mut(slot) {
+            *t = Instant::now();
+        }
+        let at = offset(
+            self.s.w.pattern,
+            N,
+            self.blocks,
+            &mut self.next,
+            &mut self.rng,
+        );
+        if self.s.w.writes() {
+            queue.push_write(slot, at)
+        } else {
+            queue.push_read(slot, at)
+        }
+        .map_err(str::to_string)?;
+        self.pushed_bytes += N as u64;
+        Ok(true)
+    }
+}
+
+/// A depth's figures: from the completions after the warm-up when they
+/// are enough (`use_steady`), from all of them otherwise.
+fn point(
+    depth: u32,
+    t0: Instant,
+    warm: Instant,
+    all: &Counted,
+    steady: &Counted,
+    cut_short: bool,
+) -> DepthPoint {
     let end = Instant::now();
     let steady_secs = end.saturating_duration_since(warm).as_secs_f64();
     let (c, secs) = if use_steady(steady.done, steady_secs, depth) {
-        (&steady, steady_secs)
+        (steady, steady_secs)
     } else {
-        (&all, end.duration_since(t0).as_secs_f64())
+        (all, end.duration_since(t0).as_secs_f64())
     };
-    Ok(DepthPoint {
+    DepthPoint {
         depth,
         iops: if secs > 0.0 {
             c.done as f64 / secs
@@ -460,7 +505,7 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
         mean: c.hist.mean() / 1e9,
         p99: c.hist.value_at_quantile(0.99) as f64 / 1e9,
         cut_short,
-    })
+    }
 }
 
 /// Share of a depth's time before its rate and latency count. A token

@@ -4,6 +4,7 @@
 //! string this module returns for display.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -498,35 +499,82 @@ fn parse_url(dsn: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, D
     let mut out = BTreeMap::new();
     let b = rest.as_bytes();
     let byte = |i: usize| b.get(i).copied();
+    let p = parse_user_info(rest, &at, &mut out)?;
+    let (hosts, ports, mut p) = parse_hosts(rest, p, &at)?;
+    let mut end = byte(p);
+    store_hosts(rest, &at, hosts, ports, &mut out)?;
+    if end.is_some_and(|c| c != b'?') {
+        p += 1;
+        let start = p;
+        while byte(p).is_some_and(|c| c != b'?') {
+            p += 1;
+        }
+        // An empty path leaves dbname unset, so PGDATABASE still applies,
+        // as in libpq.
+        if p > start {
+            out.insert(
+                "dbname".into(),
+                decode(&rest[start..p], "database name", at(start), WHOLE)?,
+            );
+        }
+        end = byte(p);
+    }
+    if end.is_some() {
+        parse_query(rest, p + 1, &at, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// The URL's `user[:password]@`, when it has one: it ends at the first
+/// `@` before the first `/`. Returns the byte of `rest` after it.
+fn parse_user_info(
+    rest: &str,
+    at: &dyn Fn(usize) -> usize,
+    out: &mut BTreeMap<String, String>,
+) -> Result<usize, DsnError> {
+    let b = rest.as_bytes();
     let user_end = b
         .iter()
         .position(|&c| c == b'@' || c == b'/')
         .filter(|&i| b[i] == b'@');
-    let mut p = 0;
-    if let Some(i) = user_end {
-        let info = &rest[..i];
-        let (user, password) = match info.split_once(':') {
-            Some((u, pw)) => (u, Some(pw)),
-            None => (info, None),
-        };
-        if !user.is_empty() {
-            out.insert("user".into(), decode(user, "user name", at(0), WHOLE)?);
-        }
-        if let Some(pw) = password
-            && !pw.is_empty()
-        {
-            out.insert(
-                "password".into(),
-                decode(pw, "password", at(user.len() + 1), WHOLE)?,
-            );
-        }
-        p = i + 1;
+    let Some(i) = user_end else {
+        return Ok(0);
+    };
+    let info = &rest[..i];
+    let (user, password) = match info.split_once(':') {
+        Some((u, pw)) => (u, Some(pw)),
+        None => (info, None),
+    };
+    if !user.is_empty() {
+        out.insert("user".into(), decode(user, "user name", at(0), WHOLE)?);
     }
+    if let Some(pw) = password
+        && !pw.is_empty()
+    {
+        out.insert(
+            "password".into(),
+            decode(pw, "password", at(user.len() + 1), WHOLE)?,
+        );
+    }
+    Ok(i + 1)
+}
+
+/// Byte ranges of `rest`, one per item of a host or port list.
+type Spans = Vec<Range<usize>>;
+
+/// The byte ranges in `rest` of the hosts and of the ports, from byte `p`
+/// to the path, the query or the end, and the byte where they end.
+fn parse_hosts(
+    rest: &str,
+    mut p: usize,
+    at: &dyn Fn(usize) -> usize,
+) -> Result<(Spans, Spans, usize), DsnError> {
+    let byte = |i: usize| rest.as_bytes().get(i).copied();
     // host[:port] pairs separated by commas; the host and port lists keep
     // one item per pair, empty where a pair leaves it out (libpq then uses
     // the default for that host).
     let (mut hosts, mut ports) = (Vec::new(), Vec::new());
-    let end = loop {
+    loop {
         if byte(p) == Some(b'[') {
             let start = p + 1;
             let Some(len) = rest[start..].find(']') else {
@@ -574,11 +622,22 @@ fn parse_url(dsn: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, D
         }
         ports.push(port);
         if byte(p) != Some(b',') {
-            break byte(p);
+            return Ok((hosts, ports, p));
         }
         p += 1;
-    };
-    let list = |items: Vec<std::ops::Range<usize>>, part: &str| {
+    }
+}
+
+/// Stores the hosts and ports `parse_hosts` found, percent-decoded and
+/// joined with commas, as libpq's `host` and `port` lists.
+fn store_hosts(
+    rest: &str,
+    at: &dyn Fn(usize) -> usize,
+    hosts: Spans,
+    ports: Spans,
+    out: &mut BTreeMap<String, String>,
+) -> Result<(), DsnError> {
+    let list = |items: Spans, part: &str| {
         let n = items.len();
         items
             .into_iter()
@@ -595,7 +654,7 @@ fn parse_url(dsn: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, D
     };
     // As in libpq, a list is stored when its text is not empty, even if
     // it decodes to nothing (spaces alone).
-    let written = |items: &[std::ops::Range<usize>]| items.iter().any(|r| !r.is_empty());
+    let written = |items: &[Range<usize>]| items.iter().any(|r| !r.is_empty());
     let (hosts_written, ports_written) = (
         written(&hosts) || hosts.len() > 1,
         written(&ports) || ports.len() > 1,
@@ -607,27 +666,7 @@ fn parse_url(dsn: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, D
     if ports_written {
         out.insert("port".into(), ports);
     }
-    let mut end = end;
-    if end.is_some_and(|c| c != b'?') {
-        p += 1;
-        let start = p;
-        while byte(p).is_some_and(|c| c != b'?') {
-            p += 1;
-        }
-        // An empty path leaves dbname unset, so PGDATABASE still applies,
-        // as in libpq.
-        if p > start {
-            out.insert(
-                "dbname".into(),
-                decode(&rest[start..p], "database name", at(start), WHOLE)?,
-            );
-        }
-        end = byte(p);
-    }
-    if end.is_some() {
-        parse_query(rest, p + 1, &at, &mut out)?;
-    }
-    Ok(out)
+    Ok(())
 }
 
 /// libpq's URI query, from byte `p` of `rest`: `key=value` pairs separated

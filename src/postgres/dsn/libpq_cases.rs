@@ -83,12 +83,24 @@ fn case(
     }
 }
 
+/// Every case, each source in turn.
 fn cases() -> Vec<Case> {
+    let mut v = uri_test_cases();
+    v.extend(system_root_cases());
+    v.extend(doc_cases());
+    v.extend(review_cases());
+    v.extend(password_cases());
+    v
+}
+
+/// libpq's URI regression test, in its order, but for its last three
+/// cases (`system_root_cases`).
+fn uri_test_cases() -> Vec<Case> {
     use Check::*;
     use Source::*;
     use Want::*;
     let u = UriTests;
-    let mut v = vec![
+    vec![
         // libpq's URI regression test, in its order.
         case(
             u,
@@ -460,7 +472,16 @@ fn cases() -> Vec<Case> {
             Some(&[("dbname", "dbname"), ("host", "/var/lib/postgresql")]),
             Connect(&[("/var/lib/postgresql", 5432)], &[Db("dbname")]),
         ),
-    ];
+    ]
+}
+
+/// The cases that run with PGSSLROOTCERT=system: libpq's last three URI
+/// tests, and the documentation's rule for them.
+fn system_root_cases() -> Vec<Case> {
+    use Check::*;
+    use Want::*;
+    let u = Source::UriTests;
+    let mut v = Vec::new();
     // The last three of libpq's URI tests run with PGSSLROOTCERT=system, which makes
     // verify-full libpq's default sslmode (so its test program, printing
     // only values that differ from the defaults, leaves sslmode=verify-full
@@ -491,15 +512,22 @@ fn cases() -> Vec<Case> {
         });
     }
     v.push(Case {
-        from: Docs,
+        from: Source::Docs,
         dsn: "postgresql://host",
         env: SYSTEM_ROOTS,
         parsed: Some(&[("host", "host")]),
         want: Connect(&[("host", 5432)], &[Ssl(SslMode::VerifyFull)]),
     });
+    v
+}
 
+/// The libpq documentation's examples and rules.
+fn doc_cases() -> Vec<Case> {
+    use Check::*;
+    use Source::*;
+    use Want::*;
     let d = Docs;
-    v.extend([
+    vec![
         // Keyword/value examples and rules.
         case(
             d,
@@ -521,7 +549,11 @@ fn cases() -> Vec<Case> {
         case(
             d,
             r"host=h user=u password='it\'s a \\ secret'",
-            Some(&[("host", "h"), ("user", "u"), ("password", r"it's a \ secret")]),
+            Some(&[
+                ("host", "h"),
+                ("user", "u"),
+                ("password", r"it's a \ secret"),
+            ]),
             Connect(&[("h", 5432)], &[Password(true)]),
         ),
         case(
@@ -559,7 +591,11 @@ fn cases() -> Vec<Case> {
         case(
             d,
             "postgresql://user:secret@localhost",
-            Some(&[("host", "localhost"), ("user", "user"), ("password", "secret")]),
+            Some(&[
+                ("host", "localhost"),
+                ("user", "user"),
+                ("password", "secret"),
+            ]),
             Connect(&[("localhost", 5432)], &[User("user"), Password(true)]),
         ),
         case(
@@ -574,7 +610,12 @@ fn cases() -> Vec<Case> {
             ]),
             Connect(
                 &[("localhost", 5432)],
-                &[User("other"), Db("otherdb"), Timeout(Some(10)), App("myapp")],
+                &[
+                    User("other"),
+                    Db("otherdb"),
+                    Timeout(Some(10)),
+                    App("myapp"),
+                ],
             ),
         ),
         case(
@@ -587,7 +628,10 @@ fn cases() -> Vec<Case> {
                 ("target_session_attrs", "any"),
                 ("application_name", "myapp"),
             ]),
-            Connect(&[("host1", 123), ("host2", 456)], &[Db("somedb"), App("myapp")]),
+            Connect(
+                &[("host1", 123), ("host2", 456)],
+                &[Db("somedb"), App("myapp")],
+            ),
         ),
         case(
             d,
@@ -629,7 +673,10 @@ fn cases() -> Vec<Case> {
                 ("dbname", "mydb"),
                 ("options", "-c synchronous_commit=off"),
             ]),
-            Connect(&[("localhost", 5433)], &[Options("-c synchronous_commit=off")]),
+            Connect(
+                &[("localhost", 5433)],
+                &[Options("-c synchronous_commit=off")],
+            ),
         ),
         case(
             d,
@@ -720,7 +767,10 @@ fn cases() -> Vec<Case> {
             d,
             "host=h",
             Some(&[("host", "h")]),
-            Connect(&[("h", 5432)], &[Timeout(Some(10)), App("pg-storage-exporter")]),
+            Connect(
+                &[("h", 5432)],
+                &[Timeout(Some(10)), App("pg-storage-exporter")],
+            ),
         ),
         // Deliberate differences, refused by name.
         case(
@@ -759,10 +809,16 @@ fn cases() -> Vec<Case> {
             Some(&[("host", "h1,h2"), ("target_session_attrs", "read-write")]),
             Connect(&[("h1", 5432), ("h2", 5432)], &[]),
         ),
-    ]);
+    ]
+}
 
+/// What a review found the parser getting wrong.
+fn review_cases() -> Vec<Case> {
+    use Check::*;
+    use Source::*;
+    use Want::*;
     let r = Review;
-    v.extend([
+    vec![
         case(
             r,
             "host=h1,h2 port=5432,5433",
@@ -908,12 +964,18 @@ fn cases() -> Vec<Case> {
             None,
             Refused("the URL's database name is not UTF-8"),
         ),
-    ]);
+    ]
+}
 
+/// Passwords holding characters libpq's syntax gives a meaning.
+fn password_cases() -> Vec<Case> {
+    use Check::*;
+    use Source::*;
+    use Want::*;
     // Each password holds a marker (PWMARK, Sekr1t, Zebra42); `disagreement`
     // checks that no error and no target display shows any of them.
     let pw = Passwords;
-    v.extend([
+    vec![
         // An unquoted space ends the value: libpq quotes the next word.
         case(
             pw,
@@ -1254,8 +1316,7 @@ fn cases() -> Vec<Case> {
             None,
             Error("unknown connection option in the URL's query parameter 1 (character 30)"),
         ),
-    ]);
-    v
+    ]
 }
 
 /// Pieces of the passwords above; "s3cr" and "secret" are the review's.

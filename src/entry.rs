@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use crate::app::daemon::{self, Listen, WebOptions};
 use crate::check::{self, CheckOptions};
-use crate::cli::{self, Cli, Command, FailOn, OutputFormat, parse_listen};
+use crate::cli::{self, CheckArgs, Cli, Command, FailOn, OutputFormat, parse_listen};
 use crate::config::{self, FlagOverrides};
 use crate::http::web_config::{self, WebSecurity};
 use crate::model::verdict::Level;
@@ -24,101 +24,7 @@ pub fn main() -> ExitCode {
     let cli = cli::parse();
     logging::init(cli.log_level, cli.log_format);
     match cli.command {
-        Some(Command::Check(ref a)) => {
-            let opts = CheckOptions {
-                path: a.path.clone(),
-                duration: a.duration,
-                sync_method: a.sync_method.into(),
-                engine: a.engine.into(),
-                read_file_size: a.read_file_size,
-                free_space_reserve: a.free_space_reserve,
-                probe_dir: a.probe_dir.clone(),
-                cache_served_threshold: a.cache_served_threshold,
-                commit: !a.no_commit,
-                read: !a.no_read,
-                sweep: a.sweep,
-            };
-            if let Some(d) = a.sweep
-                && (d < std::time::Duration::from_secs(1)
-                    || d > std::time::Duration::from_secs(300))
-            {
-                eprintln!("pg-storage-exporter check: --sweep {d:?}: out of range, use 1s to 5m");
-                return ExitCode::from(2);
-            }
-            // A DSN that does not parse is an invalid flag: said before
-            // any probe runs, not after.
-            if let Some(dsn) = &a.pg_dsn
-                && let Err(e) = crate::postgres::dsn::target(dsn, &|k| std::env::var(k).ok(), None)
-            {
-                eprintln!("pg-storage-exporter check: --pg.dsn: {e}");
-                return ExitCode::from(2);
-            }
-            // The cluster's findings, from a read-only session: the check
-            // module itself never talks to PostgreSQL.
-            let cluster_audit = |r: &mut check::AuditReport| -> anyhow::Result<()> {
-                if let Some(dsn) = &a.pg_dsn {
-                    let (host, _) = crate::audit::read::host(
-                        std::path::Path::new("/proc"),
-                        std::path::Path::new("/sys"),
-                    );
-                    r.cluster = Some(crate::app::audit::check_cluster(dsn, &host)?);
-                }
-                Ok(())
-            };
-            if a.audit_only {
-                // Creates no file: the signals keep their default action,
-                // so Ctrl-C ends a slow audit at once.
-                sys::release_stop_signals();
-                let out = check::audit_only(&a.path)
-                    .and_then(|mut r| cluster_audit(&mut r).map(|()| r))
-                    .and_then(|r| {
-                        let text = match a.format {
-                            OutputFormat::Text => Ok(check::render_audit_only_text(&r)),
-                            OutputFormat::Json => check::render_audit_only_json(&r),
-                        };
-                        text.map(|t| (t, check::audit_verdict(&r).level))
-                    });
-                return match out {
-                    Ok((s, level)) => {
-                        print!("{s}");
-                        verdict_status(a.fail_on, level)
-                    }
-                    Err(e) => {
-                        eprintln!("pg-storage-exporter check: {}", chain(&e));
-                        ExitCode::from(1)
-                    }
-                };
-            }
-            // The cluster's findings join the audit after the run: the
-            // verdict is judged again with them.
-            let report = match check::run(&opts).and_then(|mut r| {
-                cluster_audit(&mut r.audit)?;
-                r.judge();
-                Ok(r)
-            }) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("pg-storage-exporter check: {}", chain(&e));
-                    return ExitCode::from(1);
-                }
-            };
-            let out = match a.format {
-                OutputFormat::Text => Ok(check::render_text(&report)),
-                OutputFormat::Json => check::render_json(&report),
-            };
-            match out {
-                Ok(s) => print!("{s}"),
-                Err(e) => {
-                    eprintln!("pg-storage-exporter check: {}", chain(&e));
-                    return ExitCode::from(1);
-                }
-            }
-            if report.interrupted {
-                ExitCode::from(130)
-            } else {
-                verdict_status(a.fail_on, report.verdict.level)
-            }
-        }
+        Some(Command::Check(ref a)) => run_check(a),
         Some(Command::Man) => {
             use std::io::Write;
             match cli::man_page().and_then(|page| std::io::stdout().write_all(&page)) {
@@ -131,6 +37,107 @@ pub fn main() -> ExitCode {
         }
         None => run_daemon(cli),
     }
+}
+
+/// `check`: the flags checked before any probe runs, then the audit alone
+/// or the whole run, printed, and the exit status.
+fn run_check(a: &CheckArgs) -> ExitCode {
+    let opts = CheckOptions {
+        path: a.path.clone(),
+        duration: a.duration,
+        sync_method: a.sync_method.into(),
+        engine: a.engine.into(),
+        read_file_size: a.read_file_size,
+        free_space_reserve: a.free_space_reserve,
+        probe_dir: a.probe_dir.clone(),
+        cache_served_threshold: a.cache_served_threshold,
+        commit: !a.no_commit,
+        read: !a.no_read,
+        sweep: a.sweep,
+    };
+    if let Some(d) = a.sweep
+        && (d < std::time::Duration::from_secs(1) || d > std::time::Duration::from_secs(300))
+    {
+        eprintln!("pg-storage-exporter check: --sweep {d:?}: out of range, use 1s to 5m");
+        return ExitCode::from(2);
+    }
+    // A DSN that does not parse is an invalid flag: said before
+    // any probe runs, not after.
+    if let Some(dsn) = &a.pg_dsn
+        && let Err(e) = crate::postgres::dsn::target(dsn, &|k| std::env::var(k).ok(), None)
+    {
+        eprintln!("pg-storage-exporter check: --pg.dsn: {e}");
+        return ExitCode::from(2);
+    }
+    if a.audit_only {
+        return run_audit_only(a);
+    }
+    // The cluster's findings join the audit after the run: the
+    // verdict is judged again with them.
+    let report = match check::run(&opts).and_then(|mut r| {
+        cluster_audit(a, &mut r.audit)?;
+        r.judge();
+        Ok(r)
+    }) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("pg-storage-exporter check: {}", chain(&e));
+            return ExitCode::from(1);
+        }
+    };
+    let out = match a.format {
+        OutputFormat::Text => Ok(check::render_text(&report)),
+        OutputFormat::Json => check::render_json(&report),
+    };
+    match out {
+        Ok(s) => print!("{s}"),
+        Err(e) => {
+            eprintln!("pg-storage-exporter check: {}", chain(&e));
+            return ExitCode::from(1);
+        }
+    }
+    if report.interrupted {
+        ExitCode::from(130)
+    } else {
+        verdict_status(a.fail_on, report.verdict.level)
+    }
+}
+
+/// `check --audit-only`: the audit, printed, and the exit status.
+fn run_audit_only(a: &CheckArgs) -> ExitCode {
+    // Creates no file: the signals keep their default action,
+    // so Ctrl-C ends a slow audit at once.
+    sys::release_stop_signals();
+    let out = check::audit_only(&a.path)
+        .and_then(|mut r| cluster_audit(a, &mut r).map(|()| r))
+        .and_then(|r| {
+            let text = match a.format {
+                OutputFormat::Text => Ok(check::render_audit_only_text(&r)),
+                OutputFormat::Json => check::render_audit_only_json(&r),
+            };
+            text.map(|t| (t, check::audit_verdict(&r).level))
+        });
+    match out {
+        Ok((s, level)) => {
+            print!("{s}");
+            verdict_status(a.fail_on, level)
+        }
+        Err(e) => {
+            eprintln!("pg-storage-exporter check: {}", chain(&e));
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// With `--pg.dsn`, adds the cluster's findings to `r`, from a read-only
+/// session: the check module itself never talks to PostgreSQL.
+fn cluster_audit(a: &CheckArgs, r: &mut check::AuditReport) -> anyhow::Result<()> {
+    if let Some(dsn) = &a.pg_dsn {
+        let (host, _) =
+            crate::audit::read::host(std::path::Path::new("/proc"), std::path::Path::new("/sys"));
+        r.cluster = Some(crate::app::audit::check_cluster(dsn, &host)?);
+    }
+    Ok(())
 }
 
 /// `check`'s exit status for a finished run: [`check::EXIT_VERDICT`] when
@@ -148,76 +155,16 @@ fn verdict_status(fail_on: Option<FailOn>, level: Level) -> ExitCode {
     }
 }
 
+/// The daemon: its settings checked before anything starts, then the
+/// runtime and the signal handlers, and the run to its end.
 fn run_daemon(cli: Cli) -> ExitCode {
-    let flags = FlagOverrides {
-        probe_paths: cli.probe_paths.clone(),
-        engine: cli.engine.map(Into::into),
-        sync_method: cli.sync_method.map(Into::into),
-        interval: cli.interval,
-        busy_every: cli.busy_every,
-        read_file_size: cli.read_file_size,
-        free_space_reserve: cli.free_space_reserve,
-        pg_dsns: cli.pg_dsns.clone(),
-        // postgres_exporter's convention, so existing deployments carry over.
-        data_source_name: std::env::var("DATA_SOURCE_NAME")
-            .ok()
-            .filter(|v| !v.trim().is_empty()),
-        pg_scrape_interval: Some(cli.pg_scrape_interval),
-        pg_no_discovery: cli.no_pg_discovery,
-        collectors: cli.collectors,
-    };
-    // Configuration errors exit with 2 before any port is bound or file written.
-    let cfg = match config::load(cli.config_file.as_deref(), &flags) {
+    let (cfg, flags) = match load_config(&cli) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("pg-storage-exporter: invalid configuration: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
-    if let Some(problem) = config::engine_problem(&cfg) {
-        eprintln!("pg-storage-exporter: invalid configuration: {problem}");
-        return ExitCode::from(2);
-    }
-    let listen = match cli
-        .listen_address
-        .iter()
-        .map(|a| parse_listen(a))
-        .collect::<Result<Vec<_>, _>>()
-    {
-        Ok(a) => Listen::Addresses(a),
-        Err(e) => {
-            eprintln!("pg-storage-exporter: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    if let Err(e) = cli::check_telemetry_path(&cli.telemetry_path) {
-        eprintln!("pg-storage-exporter: {e}");
-        return ExitCode::from(2);
-    }
-    // Like the configuration: a missing certificate or a malformed hash stops
-    // the start with exit 2, before the port is bound.
-    let security = match cli.web_config_file.as_deref() {
-        Some(path) => match web_config::load(path) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("pg-storage-exporter: invalid web configuration: {e:#}");
-                return ExitCode::from(2);
-            }
-        },
-        None => WebSecurity::default(),
-    };
-    // Taken while the process has one thread: taking them clears
-    // LISTEN_FDS and LISTEN_PID from the environment.
-    let listen = if cli.systemd_socket {
-        match daemon::systemd_listeners() {
-            Ok(l) => Listen::Inherited(l),
-            Err(e) => {
-                eprintln!("pg-storage-exporter: {e:#}");
-                return ExitCode::from(1);
-            }
-        }
-    } else {
-        listen
+    let web = match web_options(&cli) {
+        Ok(w) => w,
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -231,13 +178,6 @@ fn run_daemon(cli: Cli) -> ExitCode {
             eprintln!("pg-storage-exporter: cannot start the async runtime: {e}");
             return ExitCode::from(1);
         }
-    };
-    let web = WebOptions {
-        listen,
-        telemetry_path: cli.telemetry_path.clone(),
-        security,
-        config_file: cli.web_config_file.clone(),
-        max_connections: cli.max_connections as usize,
     };
     let source = daemon::ReloadSource {
         file: cli.config_file.clone(),
@@ -268,6 +208,95 @@ fn run_daemon(cli: Cli) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The configuration from the file and the flags, checked, with the flags
+/// kept for each reload; else the exit status, the error said.
+fn load_config(cli: &Cli) -> Result<(config::Config, FlagOverrides), ExitCode> {
+    let flags = FlagOverrides {
+        probe_paths: cli.probe_paths.clone(),
+        engine: cli.engine.map(Into::into),
+        sync_method: cli.sync_method.map(Into::into),
+        interval: cli.interval,
+        busy_every: cli.busy_every,
+        read_file_size: cli.read_file_size,
+        free_space_reserve: cli.free_space_reserve,
+        pg_dsns: cli.pg_dsns.clone(),
+        // postgres_exporter's convention, so existing deployments carry over.
+        data_source_name: std::env::var("DATA_SOURCE_NAME")
+            .ok()
+            .filter(|v| !v.trim().is_empty()),
+        pg_scrape_interval: Some(cli.pg_scrape_interval),
+        pg_no_discovery: cli.no_pg_discovery,
+        collectors: cli.collectors,
+    };
+    // Configuration errors exit with 2 before any port is bound or file written.
+    let cfg = match config::load(cli.config_file.as_deref(), &flags) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("pg-storage-exporter: invalid configuration: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    if let Some(problem) = config::engine_problem(&cfg) {
+        eprintln!("pg-storage-exporter: invalid configuration: {problem}");
+        return Err(ExitCode::from(2));
+    }
+    Ok((cfg, flags))
+}
+
+/// Where and how HTTP is served: the listen addresses (or systemd's
+/// sockets), the path, TLS and basic auth; else the exit status, the error
+/// said.
+fn web_options(cli: &Cli) -> Result<WebOptions, ExitCode> {
+    let listen = match cli
+        .listen_address
+        .iter()
+        .map(|a| parse_listen(a))
+        .collect::<Result<Vec<_>, _>>()
+    {
+        Ok(a) => Listen::Addresses(a),
+        Err(e) => {
+            eprintln!("pg-storage-exporter: {e}");
+            return Err(ExitCode::from(2));
+        }
+    };
+    if let Err(e) = cli::check_telemetry_path(&cli.telemetry_path) {
+        eprintln!("pg-storage-exporter: {e}");
+        return Err(ExitCode::from(2));
+    }
+    // Like the configuration: a missing certificate or a malformed hash stops
+    // the start with exit 2, before the port is bound.
+    let security = match cli.web_config_file.as_deref() {
+        Some(path) => match web_config::load(path) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("pg-storage-exporter: invalid web configuration: {e:#}");
+                return Err(ExitCode::from(2));
+            }
+        },
+        None => WebSecurity::default(),
+    };
+    // Taken while the process has one thread: taking them clears
+    // LISTEN_FDS and LISTEN_PID from the environment.
+    let listen = if cli.systemd_socket {
+        match daemon::systemd_listeners() {
+            Ok(l) => Listen::Inherited(l),
+            Err(e) => {
+                eprintln!("pg-storage-exporter: {e:#}");
+                return Err(ExitCode::from(1));
+            }
+        }
+    } else {
+        listen
+    };
+    Ok(WebOptions {
+        listen,
+        telemetry_path: cli.telemetry_path.clone(),
+        security,
+        config_file: cli.web_config_file.clone(),
+        max_connections: cli.max_connections as usize,
+    })
 }
 
 /// An error and its causes on one line, each cause only when the text so far

@@ -124,20 +124,9 @@ pub(crate) async fn serve(
 ) {
     let server = Arc::new(server);
     let clock = Clock::start();
-    let sweeper = {
-        let table = table.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(SWEEP_EVERY);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                table.sweep(clock.now());
-            }
-        })
-    };
+    let sweeper = spawn_sweeper(table.clone(), clock);
     let mut at_cap_logged = false;
-    let mut failing: Incidents<(), i32> = Incidents::default();
-    let mut backoff = ACCEPT_BACKOFF.0;
+    let mut failures = AcceptFailures::new();
     loop {
         let accepted = tokio::select! {
             biased;
@@ -150,58 +139,16 @@ pub(crate) async fn serve(
         let (tcp, peer) = match accepted {
             Ok(c) => c,
             Err(e) => {
-                let errno = e.raw_os_error().unwrap_or(0);
-                server
-                    .metrics
-                    .accept_failed(crate::errno::name(crate::errno::Set::Io, errno));
-                match failing.failed((), errno, std::time::Instant::now()) {
-                    Report::New => tracing::warn!(
-                        listener = %local, error = %e,
-                        "accepting connections failed; retrying after short pauses"
-                    ),
-                    Report::Again { failures } => tracing::warn!(
-                        listener = %local, error = %e, failures,
-                        "accepting connections still fails"
-                    ),
-                    Report::Quiet => {}
+                if !failures.failed(&e, &server, local, &mut stop).await {
+                    break;
                 }
-                // The client gave up before the accept: nothing is
-                // exhausted, the next connection may be fine.
-                if errno == libc::ECONNABORTED {
-                    continue;
-                }
-                tokio::select! {
-                    biased;
-                    _ = stop.wait_for(|s| *s) => break,
-                    () = tokio::time::sleep(backoff) => {}
-                }
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
                 continue;
             }
         };
-        if let Some((failures, lasted)) = failing.succeeded((), std::time::Instant::now()) {
-            tracing::info!(
-                listener = %local, failures, lasted = ?lasted,
-                "accepting connections again"
-            );
-        }
-        backoff = ACCEPT_BACKOFF.0;
-        let conn = match table.admit(clock.now()) {
-            Admission::Admitted { conn, evicted } => {
-                if evicted {
-                    log_cap_reached(&mut at_cap_logged, local, table.max());
-                }
-                conn
-            }
-            Admission::Refused => {
-                // A reset, as for any connection closed unanswered (see
-                // `Watched`).
-                let _ = tcp.set_zero_linger();
-                drop(tcp);
-                server.metrics.closed(Closed::Refused.as_str());
-                log_cap_reached(&mut at_cap_logged, local, table.max());
-                continue;
-            }
+        failures.succeeded(local);
+        let Some((conn, tcp)) = admit(&table, clock, tcp, &server, &mut at_cap_logged, local)
+        else {
+            continue;
         };
         server.metrics.opened();
         let entry = Entry {
@@ -220,6 +167,113 @@ pub(crate) async fn serve(
         .is_err()
     {
         tracing::debug!(listener = %local, open = table.open(), "connections still open at shutdown");
+    }
+}
+
+/// Checks the listener's deadlines every [`SWEEP_EVERY`] until aborted.
+fn spawn_sweeper(table: Arc<Table>, clock: Clock) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SWEEP_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            table.sweep(clock.now());
+        }
+    })
+}
+
+/// A listener's failed accepts: each counted, logged once per incident,
+/// and retried after a pause that doubles while they go on.
+struct AcceptFailures {
+    failing: Incidents<(), i32>,
+    backoff: Duration,
+}
+
+impl AcceptFailures {
+    fn new() -> AcceptFailures {
+        AcceptFailures {
+            failing: Incidents::default(),
+            backoff: ACCEPT_BACKOFF.0,
+        }
+    }
+
+    /// Counts and logs a failed accept, then pauses before the next one;
+    /// false when `stop` turned true during the pause.
+    async fn failed(
+        &mut self,
+        e: &io::Error,
+        server: &Server,
+        local: SocketAddr,
+        stop: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let errno = e.raw_os_error().unwrap_or(0);
+        server
+            .metrics
+            .accept_failed(crate::errno::name(crate::errno::Set::Io, errno));
+        match self.failing.failed((), errno, std::time::Instant::now()) {
+            Report::New => tracing::warn!(
+                listener = %local, error = %e,
+                "accepting connections failed; retrying after short pauses"
+            ),
+            Report::Again { failures } => tracing::warn!(
+                listener = %local, error = %e, failures,
+                "accepting connections still fails"
+            ),
+            Report::Quiet => {}
+        }
+        // The client gave up before the accept: nothing is
+        // exhausted, the next connection may be fine.
+        if errno == libc::ECONNABORTED {
+            return true;
+        }
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|s| *s) => return false,
+            () = tokio::time::sleep(self.backoff) => {}
+        }
+        self.backoff = (self.backoff * 2).min(ACCEPT_BACKOFF.1);
+        true
+    }
+
+    /// An accept succeeded: the incident, if one was open, ends.
+    fn succeeded(&mut self, local: SocketAddr) {
+        if let Some((failures, lasted)) = self.failing.succeeded((), std::time::Instant::now()) {
+            tracing::info!(
+                listener = %local, failures, lasted = ?lasted,
+                "accepting connections again"
+            );
+        }
+        self.backoff = ACCEPT_BACKOFF.0;
+    }
+}
+
+/// A place in the table for a newcomer (at the cap, the connection idle
+/// longest gives way); `None` when every connection has a request in
+/// progress, and the newcomer is closed.
+fn admit(
+    table: &Table,
+    clock: Clock,
+    tcp: TcpStream,
+    server: &Server,
+    at_cap_logged: &mut bool,
+    local: SocketAddr,
+) -> Option<(Arc<Conn>, TcpStream)> {
+    match table.admit(clock.now()) {
+        Admission::Admitted { conn, evicted } => {
+            if evicted {
+                log_cap_reached(at_cap_logged, local, table.max());
+            }
+            Some((conn, tcp))
+        }
+        Admission::Refused => {
+            // A reset, as for any connection closed unanswered (see
+            // `Watched`).
+            let _ = tcp.set_zero_linger();
+            drop(tcp);
+            server.metrics.closed(Closed::Refused.as_str());
+            log_cap_reached(at_cap_logged, local, table.max());
+            None
+        }
     }
 }
 

@@ -732,6 +732,25 @@ fn volume_from_file(
         &v.settings(),
         d,
     )?;
+    let (path, probe_dir) = volume_dirs(i, v, at)?;
+    Ok(VolumeSpec {
+        name,
+        path,
+        probe_dir,
+        probe: s,
+        provisioned: provisioned(v),
+        cgroup: cgroup_path(i, v, at)?,
+    })
+}
+
+/// A `[[volume]]`'s directory and its probe directory (`probe_dir`, or one
+/// inside the volume's), refused where probe files may not go.
+fn volume_dirs(
+    i: usize,
+    v: &RawVolume,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<(PathBuf, PathBuf), ConfigError> {
+    let key = |k: &str| format!("volume[{i}].{k}");
     let path_origin = at(Some(v.path.span()));
     let path = resolve_dir(v.path.get_ref()).map_err(|message| ConfigError::Invalid {
         origin: path_origin.clone(),
@@ -753,15 +772,12 @@ fn volume_from_file(
             message,
         }
     })?;
-    let mut vc = VolumeSpec {
-        name,
-        path,
-        probe_dir,
-        probe: s,
-        provisioned: Vec::new(),
-        cgroup: None,
-    };
-    vc.provisioned = [
+    Ok((path, probe_dir))
+}
+
+/// A `[[volume]]`'s `provisioned_*` limits; zero means none.
+fn provisioned(v: &RawVolume) -> Vec<(Resource, u64)> {
+    [
         (
             Resource::Iops,
             v.provisioned_iops.as_ref().map(|x| *x.get_ref()),
@@ -793,21 +809,30 @@ fn volume_from_file(
     ]
     .into_iter()
     .filter_map(|(k, v)| v.filter(|&x| x > 0).map(|x| (k, x)))
-    .collect();
-    if let Some(cg) = &v.cgroup {
-        if !cg.get_ref().starts_with('/') {
-            return Err(ConfigError::Invalid {
-                origin: at(Some(cg.span())),
-                key: key("cgroup"),
-                message: format!(
-                    "{:?} is not a cgroup path: write it as /proc/<pid>/cgroup shows it, starting with /",
-                    cg.get_ref()
-                ),
-            });
-        }
-        vc.cgroup = Some(cg.get_ref().clone());
+    .collect()
+}
+
+/// A `[[volume]]`'s `cgroup`, which must be written as `/proc/<pid>/cgroup`
+/// shows it.
+fn cgroup_path(
+    i: usize,
+    v: &RawVolume,
+    at: &dyn Fn(Option<std::ops::Range<usize>>) -> Origin,
+) -> Result<Option<String>, ConfigError> {
+    let Some(cg) = &v.cgroup else {
+        return Ok(None);
+    };
+    if !cg.get_ref().starts_with('/') {
+        return Err(ConfigError::Invalid {
+            origin: at(Some(cg.span())),
+            key: format!("volume[{i}].cgroup"),
+            message: format!(
+                "{:?} is not a cgroup path: write it as /proc/<pid>/cgroup shows it, starting with /",
+                cg.get_ref()
+            ),
+        });
     }
-    Ok(vc)
+    Ok(Some(cg.get_ref().clone()))
 }
 
 /// Reports a bad setting: field name, whether the volume (not `[defaults]`)

@@ -22,16 +22,28 @@ fn misspelt_key_names_key_and_line() {
     assert!(e.contains("`interval`"), "suggests the valid keys: {e}");
 }
 
+/// Each config text fails with one error holding each expected substring.
+fn assert_errors(cases: Vec<(String, Vec<&str>)>) {
+    for (text, wants) in cases {
+        let e = parse_str(&text).map(|_| ()).unwrap_err().to_string();
+        for want in wants {
+            assert!(
+                e.contains(want),
+                "config:\n{text}\nerror: {e}\nwanted: {want}"
+            );
+        }
+    }
+}
+
+/// TOML the keys do not take (unknown or missing keys, values of the wrong
+/// form): the error names the line, the column and the key.
 #[test]
-fn error_messages_table() {
+fn syntax_and_value_errors_name_line_column_and_key() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().display().to_string();
     let vol = |extra: &str| format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n{extra}\n");
-    let missing_password_file = format!(
-        ":4: cluster[0].password_file: password file {p}/missing: No such file or directory"
-    );
     // (config text, expected substrings of the one error)
-    let cases: Vec<(String, Vec<&str>)> = vec![
+    assert_errors(vec![
         (
             "windw = \"5m\"\n".to_string(),
             vec![":1:1: windw: unknown field `windw`"],
@@ -43,14 +55,6 @@ fn error_messages_table() {
         (
             "window = 300\n".to_string(),
             vec![":1:10: window: invalid duration 300: write it as a string with a unit"],
-        ),
-        (
-            "window = \"1s\"\n".to_string(),
-            vec![":1: window: 1s is out of range: use 10s to 24h"],
-        ),
-        (
-            vol("interval = \"0ms\""),
-            vec![":4: volume[0].interval: 0ns is out of range: use 1ms to 1h"],
         ),
         (
             vol("sync_method = \"fdatasnc\""),
@@ -71,14 +75,41 @@ fn error_messages_table() {
             vec![":4:18: volume[0].read_file_size: invalid size \"64 parsecs\": unknown unit"],
         ),
         (
+            vol("probes = [\"write\"]"),
+            vec!["volume[0].probes[0]: unknown variant `write`, expected `commit` or `read`"],
+        ),
+        (
+            "[[volume]]\nname = \"v\"\n".to_string(),
+            vec!["missing field `path`"],
+        ),
+        ("window = \"5m\n".to_string(), vec![":1:"]),
+    ]);
+}
+
+/// Values of the right form that are out of range or refused: the error
+/// names the line and the key, and says what is allowed.
+#[test]
+fn invalid_values_name_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().display().to_string();
+    let vol = |extra: &str| format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n{extra}\n");
+    let missing_password_file = format!(
+        ":4: cluster[0].password_file: password file {p}/missing: No such file or directory"
+    );
+    assert_errors(vec![
+        (
+            "window = \"1s\"\n".to_string(),
+            vec![":1: window: 1s is out of range: use 10s to 24h"],
+        ),
+        (
+            vol("interval = \"0ms\""),
+            vec![":4: volume[0].interval: 0ns is out of range: use 1ms to 1h"],
+        ),
+        (
             vol("read_file_size = \"100KiB\""),
             vec![":4: volume[0].read_file_size: 100KiB is out of range: use 1MiB to 1TiB"],
         ),
         (vol("probes = []"), vec![":4: volume[0].probes: empty list"]),
-        (
-            vol("probes = [\"write\"]"),
-            vec!["volume[0].probes[0]: unknown variant `write`, expected `commit` or `read`"],
-        ),
         (
             vol("cache_served_threshold = \"5ms\""),
             vec![":4: volume[0].cache_served_threshold: 5ms is too long"],
@@ -116,17 +147,21 @@ fn error_messages_table() {
             ],
         ),
         (
-            "[[volume]]\nname = \"v\"\n".to_string(),
-            vec!["missing field `path`"],
-        ),
-        ("window = \"5m\n".to_string(), vec![":1:"]),
-        (
             format!(
                 "[[cluster]]\nname = \"main\"\ndsn = \"host=/run/postgresql user=mon\"\n\
                  password_file = \"{p}/missing\"\n"
             ),
             vec![&missing_password_file],
         ),
+    ]);
+}
+
+#[test]
+fn a_nul_byte_in_any_path_is_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().display().to_string();
+    let vol = |extra: &str| format!("[[volume]]\nname = \"v\"\npath = \"{p}\"\n{extra}\n");
+    assert_errors(vec![
         // A NUL byte (TOML's \u0000) in any path: its key named, the byte
         // shown escaped.
         (
@@ -146,16 +181,7 @@ fn error_messages_table() {
                 .to_string(),
             vec![":4: cluster[0].password_file: the path /p\\0w contains a NUL byte"],
         ),
-    ];
-    for (text, wants) in cases {
-        let e = parse_str(&text).map(|_| ()).unwrap_err().to_string();
-        for want in wants {
-            assert!(
-                e.contains(want),
-                "config:\n{text}\nerror: {e}\nwanted: {want}"
-            );
-        }
-    }
+    ]);
 }
 
 #[test]

@@ -431,106 +431,126 @@ fn not_persistent(h: &HostFacts) -> Found {
 /// Every host check but the reboot one, on the running values.
 fn kernel_checks(h: &HostFacts) -> Outcome {
     let mut o = Outcome::default();
-    o.note(
-        "thp_always",
-        h.thp_enabled.as_ref().and_then(|v| {
-            if v == "always" {
-                found(
-                    format!("/sys/kernel/mm/transparent_hugepage/enabled = {v}"),
-                    "Transparent huge pages are always on: compaction and khugepaged stalls add \
-                     latency spikes to backends touching memory",
-                    "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled (or \
-                     transparent_hugepage=madvise on the kernel command line)",
-                )
-            } else {
-                PASS
-            }
-        }),
-    );
-    let ratio_check = |ratio: Option<u64>, bytes: Option<u64>, name: &str, limit: f64| -> Found {
-        let (ratio, bytes, mem) = (ratio?, bytes?, h.mem_total_bytes?);
-        // A non-zero *_bytes overrides the ratio: the kernel then ignores it.
-        if bytes != 0 {
-            return PASS;
-        }
-        let allowed = mem as f64 * ratio as f64 / 100.0;
-        if allowed > limit {
-            let bytes_name = name.replace("ratio", "bytes");
-            found(
-                format!("{} = {ratio} (of {} RAM)", sysctl(name), gib(mem as f64)),
-                format!(
-                    "vm.{name} = {ratio} % lets {} of dirty pages build up before writeback; \
-                     a checkpoint or fsync then has to flush all of it at once",
-                    gib(allowed)
-                ),
-                persist(&format!("vm.{bytes_name} = {}", limit as u64)),
-            )
-        } else {
-            PASS
-        }
-    };
+    o.note("thp_always", thp_always(h));
     o.note(
         "dirty_ratio_large",
-        ratio_check(h.dirty_ratio, h.dirty_bytes, "dirty_ratio", 4.0 * GIB),
+        dirty_ratio_large(
+            h.dirty_ratio,
+            h.dirty_bytes,
+            h.mem_total_bytes,
+            "dirty_ratio",
+            4.0 * GIB,
+        ),
     );
     o.note(
         "dirty_background_ratio_large",
-        ratio_check(
+        dirty_ratio_large(
             h.dirty_background_ratio,
             h.dirty_background_bytes,
+            h.mem_total_bytes,
             "dirty_background_ratio",
             GIB,
         ),
     );
-    o.note(
-        "swappiness_high",
-        h.swappiness.and_then(|v| {
-            if v > 10 {
-                found(
-                    format!("{} = {v}", sysctl("swappiness")),
-                    "The kernel swaps out memory (shared buffers included) instead of dropping \
-                     page cache; a backend then waits on swap-in",
-                    persist("vm.swappiness = 1"),
-                )
-            } else {
-                PASS
-            }
-        }),
-    );
-    o.note(
-        "zone_reclaim_on",
-        h.zone_reclaim_mode.and_then(|v| {
-            if v != 0 {
-                found(
-                    format!("{} = {v}", sysctl("zone_reclaim_mode")),
-                    "On NUMA hosts the kernel reclaims local page cache rather than use another \
-                     node's memory: the cache PostgreSQL relies on shrinks",
-                    persist("vm.zone_reclaim_mode = 0"),
-                )
-            } else {
-                PASS
-            }
-        }),
-    );
-    o.note(
-        "overcommit_not_strict",
-        h.overcommit_memory.and_then(|v| {
-            if v != 2 {
-                found(
-                    format!("{} = {v}", sysctl("overcommit_memory")),
-                    "Memory is overcommitted: under pressure the OOM killer may kill a backend \
-                     and PostgreSQL restarts every session in crash recovery",
-                    format!(
-                        "{} (and check CommitLimit in /proc/meminfo with vm.overcommit_ratio)",
-                        persist("vm.overcommit_memory = 2")
-                    ),
-                )
-            } else {
-                PASS
-            }
-        }),
-    );
+    o.note("swappiness_high", swappiness_high(h));
+    o.note("zone_reclaim_on", zone_reclaim_on(h));
+    o.note("overcommit_not_strict", overcommit_not_strict(h));
     o
+}
+
+fn thp_always(h: &HostFacts) -> Found {
+    h.thp_enabled.as_ref().and_then(|v| {
+        if v == "always" {
+            found(
+                format!("/sys/kernel/mm/transparent_hugepage/enabled = {v}"),
+                "Transparent huge pages are always on: compaction and khugepaged stalls add \
+                 latency spikes to backends touching memory",
+                "echo madvise > /sys/kernel/mm/transparent_hugepage/enabled (or \
+                 transparent_hugepage=madvise on the kernel command line)",
+            )
+        } else {
+            PASS
+        }
+    })
+}
+
+/// vm.dirty_ratio or vm.dirty_background_ratio (`name`) when it lets more
+/// than `limit` bytes of dirty pages build up in `mem` bytes of memory.
+fn dirty_ratio_large(
+    ratio: Option<u64>,
+    bytes: Option<u64>,
+    mem: Option<u64>,
+    name: &str,
+    limit: f64,
+) -> Found {
+    let (ratio, bytes, mem) = (ratio?, bytes?, mem?);
+    // A non-zero *_bytes overrides the ratio: the kernel then ignores it.
+    if bytes != 0 {
+        return PASS;
+    }
+    let allowed = mem as f64 * ratio as f64 / 100.0;
+    if allowed > limit {
+        let bytes_name = name.replace("ratio", "bytes");
+        found(
+            format!("{} = {ratio} (of {} RAM)", sysctl(name), gib(mem as f64)),
+            format!(
+                "vm.{name} = {ratio} % lets {} of dirty pages build up before writeback; \
+                 a checkpoint or fsync then has to flush all of it at once",
+                gib(allowed)
+            ),
+            persist(&format!("vm.{bytes_name} = {}", limit as u64)),
+        )
+    } else {
+        PASS
+    }
+}
+
+fn swappiness_high(h: &HostFacts) -> Found {
+    h.swappiness.and_then(|v| {
+        if v > 10 {
+            found(
+                format!("{} = {v}", sysctl("swappiness")),
+                "The kernel swaps out memory (shared buffers included) instead of dropping \
+                 page cache; a backend then waits on swap-in",
+                persist("vm.swappiness = 1"),
+            )
+        } else {
+            PASS
+        }
+    })
+}
+
+fn zone_reclaim_on(h: &HostFacts) -> Found {
+    h.zone_reclaim_mode.and_then(|v| {
+        if v != 0 {
+            found(
+                format!("{} = {v}", sysctl("zone_reclaim_mode")),
+                "On NUMA hosts the kernel reclaims local page cache rather than use another \
+                 node's memory: the cache PostgreSQL relies on shrinks",
+                persist("vm.zone_reclaim_mode = 0"),
+            )
+        } else {
+            PASS
+        }
+    })
+}
+
+fn overcommit_not_strict(h: &HostFacts) -> Found {
+    h.overcommit_memory.and_then(|v| {
+        if v != 2 {
+            found(
+                format!("{} = {v}", sysctl("overcommit_memory")),
+                "Memory is overcommitted: under pressure the OOM killer may kill a backend \
+                 and PostgreSQL restarts every session in crash recovery",
+                format!(
+                    "{} (and check CommitLimit in /proc/meminfo with vm.overcommit_ratio)",
+                    persist("vm.overcommit_memory = 2")
+                ),
+            )
+        } else {
+            PASS
+        }
+    })
 }
 
 /// Filesystems living in memory: sync returns at once and proves nothing.

@@ -139,20 +139,14 @@ pub(crate) async fn run(
     let auth_metrics = web.config_file.is_some().then(|| metrics.register_auth());
     let metrics = Arc::new(metrics);
 
-    let nofile = raise_nofile_limit();
-
     // Every socket is bound (or taken over) before anything starts, so a
     // port in use stops the start with nothing to clean up.
-    let systemd = matches!(web.listen, Listen::Inherited(_));
-    let bound = bind_listeners(web.listen)?;
-    let max_connections = fit_connections(web.max_connections, bound.len(), nofile);
-    log_listening(
-        &bound,
+    let (bound, max_connections) = listen(
+        web.listen,
         &web.security,
         &web.telemetry_path,
-        systemd,
-        max_connections,
-    );
+        web.max_connections,
+    )?;
 
     let changed = cfg.collectors.changed();
     if !changed.is_empty() {
@@ -213,6 +207,23 @@ pub(crate) async fn run(
         .await
         .context("shutdown task")?;
     served
+}
+
+/// Raises the open-file limit, binds (or takes over) every socket and fits
+/// the connection cap to the limit: the sockets with their addresses, and
+/// the cap.
+fn listen(
+    listen: Listen,
+    security: &WebSecurity,
+    telemetry_path: &str,
+    wanted: usize,
+) -> anyhow::Result<(Vec<(TcpListener, SocketAddr)>, usize)> {
+    let nofile = raise_nofile_limit();
+    let systemd = matches!(listen, Listen::Inherited(_));
+    let bound = bind_listeners(listen)?;
+    let max_connections = fit_connections(wanted, bound.len(), nofile);
+    log_listening(&bound, security, telemetry_path, systemd, max_connections);
+    Ok((bound, max_connections))
 }
 
 /// One line per socket, as exporter-toolkit logs; whether the endpoint is

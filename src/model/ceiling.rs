@@ -250,11 +250,18 @@ mod tests {
         }
     }
 
+    /// Each interval's verdict: one commit per sync or not.
+    fn assert_one_commit(cases: &[(WalInterval, bool, &str)]) {
+        for (d, want, why) in cases {
+            assert_eq!(one_commit_per_sync(d), *want, "{why}: {d:?}");
+        }
+    }
+
     #[test]
-    fn one_commit_intervals_table() {
+    fn one_commit_intervals_of_measured_loads() {
         // Per-interval figures measured on PostgreSQL 18 (ext4 loop
         // device), per sync: bytes, xids, WAL write + sync µs.
-        let cases = [
+        assert_one_commit(&[
             // One client, single-row INSERTs: 170 B, 1.00, 118 µs.
             (
                 iv(12_000.0, 12_000.0 * 118e-6, 12_000.0 * 170.0, 12_050.0),
@@ -293,7 +300,12 @@ mod tests {
             ),
             // Too few syncs to mean anything.
             (iv(5.0, 5.0 * 100e-6, 5.0 * 170.0, 5.0), false, "5 syncs"),
-            // A counter reset makes a negative delta.
+        ]);
+    }
+
+    #[test]
+    fn one_commit_intervals_beside_read_only_commits_and_late_counters() {
+        assert_one_commit(&[
             // Read-only transactions beside one writing client: more
             // commits than syncs; one id per sync, but the ids do not
             // tell group commit at the end of a load (next case).
@@ -360,12 +372,16 @@ mod tests {
                 false,
                 "inside a COPY",
             ),
+        ]);
+    }
+
+    #[test]
+    fn no_one_commit_interval_from_broken_counters() {
+        assert_one_commit(&[
+            // A counter reset makes a negative delta.
             (iv(-100.0, 0.01, 100.0, -100.0), false, "reset"),
             (iv(100.0, f64::NAN, 100.0, 100.0), false, "NaN"),
-        ];
-        for (d, want, why) in cases {
-            assert_eq!(one_commit_per_sync(&d), want, "{why}: {d:?}");
-        }
+        ]);
     }
 
     #[test]

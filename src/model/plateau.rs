@@ -118,19 +118,16 @@ mod tests {
         pt
     }
 
+    /// Each curve's plateau, or none.
+    fn assert_plateaus(cases: Vec<(&str, Vec<DepthPoint>, Option<f64>)>) {
+        for (name, pts, want) in cases {
+            assert_eq!(detect(&pts), want, "{name}");
+        }
+    }
+
     #[test]
-    fn plateau_table() {
-        let cases: Vec<(&str, Vec<DepthPoint>, Option<f64>)> = vec![
-            (
-                "published NVMe: IOPS keeps growing, no plateau",
-                vec![
-                    p(1, 10_100.0, 98.0),
-                    p(4, 41_500.0, 96.0),
-                    p(16, 135_000.0, 118.0),
-                    p(64, 294_000.0, 218.0),
-                ],
-                None,
-            ),
+    fn a_cap_is_a_plateau_from_the_depth_it_is_reached() {
+        assert_plateaus(vec![
             (
                 "published cgroup cap: read cap 2000: flat from QD 1",
                 vec![
@@ -142,16 +139,6 @@ mod tests {
                 Some(2000.0),
             ),
             (
-                "device saturating late, flat for one step only: not claimed",
-                vec![
-                    p(1, 10_000.0, 100.0),
-                    p(4, 38_000.0, 105.0),
-                    p(16, 100_000.0, 160.0),
-                    p(64, 104_000.0, 615.0),
-                ],
-                None,
-            ),
-            (
                 "cap reached at depth 4 (a cloud volume's 3,000 IOPS at 0.6 ms): plateau from 4",
                 vec![
                     p(1, 1600.0, 600.0),
@@ -160,6 +147,41 @@ mod tests {
                     p(64, 3000.0, 21000.0),
                 ],
                 Some(3010.0),
+            ),
+            (
+                "three depths, flat from the first (a bandwidth cap)",
+                vec![
+                    p(1, 40.0, 25_000.0),
+                    p(4, 40.5, 99_000.0),
+                    p(16, 40.1, 399_000.0),
+                ],
+                Some(40.5),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn growth_saturation_and_collapse_are_no_plateau() {
+        assert_plateaus(vec![
+            (
+                "published NVMe: IOPS keeps growing, no plateau",
+                vec![
+                    p(1, 10_100.0, 98.0),
+                    p(4, 41_500.0, 96.0),
+                    p(16, 135_000.0, 118.0),
+                    p(64, 294_000.0, 218.0),
+                ],
+                None,
+            ),
+            (
+                "device saturating late, flat for one step only: not claimed",
+                vec![
+                    p(1, 10_000.0, 100.0),
+                    p(4, 38_000.0, 105.0),
+                    p(16, 100_000.0, 160.0),
+                    p(64, 104_000.0, 615.0),
+                ],
+                None,
             ),
             (
                 "loop device out of CPU on this build machine: throughput collapses at depth 16",
@@ -181,20 +203,17 @@ mod tests {
                 None,
             ),
             (
-                "three depths, flat from the first (a bandwidth cap)",
-                vec![
-                    p(1, 40.0, 25_000.0),
-                    p(4, 40.5, 99_000.0),
-                    p(16, 40.1, 399_000.0),
-                ],
-                Some(40.5),
-            ),
-            (
                 "noisy but flat IOPS with flat latency is not a cap (queue not filling)",
                 vec![p(1, 5000.0, 200.0), p(4, 5100.0, 210.0)],
                 None,
             ),
             ("too few points", vec![p(1, 2000.0, 500.0)], None),
+        ]);
+    }
+
+    #[test]
+    fn depths_cut_short_by_the_write_budget() {
+        assert_plateaus(vec![
             (
                 "unthrottled loop device, 256 KiB writes, every depth ended on its \
                  36.6 MiB write share within ~8 ms: flat in shape, not a cap",
@@ -224,10 +243,7 @@ mod tests {
                 ],
                 Some(20_100.0),
             ),
-        ];
-        for (name, pts, want) in cases {
-            assert_eq!(detect(&pts), want, "{name}");
-        }
+        ]);
     }
 
     #[test]

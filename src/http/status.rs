@@ -762,6 +762,7 @@ mod tests {
             ..Default::default()
         };
         let snap = ScrapeSnapshot {
+            syncs: Default::default(),
             volumes: vec![(v, s)],
             clusters: Vec::new(),
             limits,
@@ -804,6 +805,7 @@ mod tests {
     #[test]
     fn empty_snapshot_renders_every_section() {
         let snap = ScrapeSnapshot {
+            syncs: Default::default(),
             volumes: Vec::new(),
             clusters: vec![ClusterSnapshot {
                 name: "<c>".into(),

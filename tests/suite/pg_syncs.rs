@@ -1,0 +1,226 @@
+//! The `postgres.syncs` collector on real PostgreSQL 15 and 18 servers: its
+//! WAL histogram against the server's own WAL sync count and mean time
+//! (`track_wal_io_timing = on` in the harness), its data-file histogram
+//! against a forced checkpoint's fsyncs, two clusters and a foreign
+//! process told apart, and the exporter without the privileges.
+//!
+//! Needs root, tracefs and a kernel with BTF, and the binary built with
+//! the `bpf` feature (scripts/test builds it so).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common::pg::{PgKind, PgServer};
+use crate::common::stack::{Stack, StackBuilder};
+use crate::common::{Part, cannot_run_current, sample};
+
+const PASSWORD: &str = "Sync-Pa55word-4-tests";
+
+/// Whether this machine and build can trace; a failure (or a listed skip)
+/// saying why not otherwise. Mounts tracefs when it is not (the kernel's
+/// syscall tracepoint ids are read there).
+fn can_trace() -> bool {
+    if !cfg!(feature = "bpf") {
+        cannot_run_current(
+            Part::Root,
+            "the test binary was built without the bpf feature",
+        );
+        return false;
+    }
+    if !rustix::process::geteuid().is_root() {
+        cannot_run_current(Part::Root, "loading BPF programs needs root");
+        return false;
+    }
+    if !Path::new("/sys/kernel/tracing/events/syscalls").is_dir() {
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+            .status();
+    }
+    true
+}
+
+fn watched(kind: PgKind) -> StackBuilder<'static> {
+    Stack::builder()
+        .pg_version(kind)
+        .password(PASSWORD)
+        .role("mon", true)
+        .setup(|pg| {
+            // No autovacuum or timed checkpoint in the measured windows.
+            pg.psql("ALTER SYSTEM SET autovacuum = off");
+            pg.psql("ALTER SYSTEM SET checkpoint_timeout = '1h'");
+            pg.psql("ALTER SYSTEM SET log_checkpoints = on");
+            pg.psql("SELECT pg_reload_conf()");
+        })
+        .cluster(
+            "c",
+            "mon",
+            "scrape_interval = \"500ms\"\ndiscover_volumes = false",
+        )
+        .ready("cluster c traced", Duration::from_secs(30), |m| {
+            sample(m, "pgstorage_pg_sync_traced{cluster=\"c\",reason=\"ok\"}") == Some(1.0)
+        })
+}
+
+/// (count, sum) of `kind`'s histogram for `cluster`.
+fn hist(m: &str, cluster: &str, kind: &str) -> (f64, f64) {
+    let sel = format!("{{cluster=\"{cluster}\",kind=\"{kind}\"}}");
+    (
+        sample(m, &format!("pgstorage_pg_sync_seconds_count{sel}")).unwrap_or(0.0),
+        sample(m, &format!("pgstorage_pg_sync_seconds_sum{sel}")).unwrap_or(0.0),
+    )
+}
+
+/// PostgreSQL's own WAL syncs: (count, seconds).
+fn own_wal_syncs(pg: &PgServer) -> (f64, f64) {
+    let sql = if pg.major() >= 18 {
+        "SELECT sum(fsyncs) || ' ' || sum(fsync_time) FROM pg_stat_io \
+         WHERE object = 'wal' AND context = 'normal'"
+    } else {
+        "SELECT wal_sync || ' ' || wal_sync_time FROM pg_stat_wal"
+    };
+    let out = pg.psql(sql);
+    let mut it = out.split_whitespace().map(|v| v.parse::<f64>().unwrap());
+    let (n, ms) = (it.next().unwrap(), it.next().unwrap());
+    (n, ms / 1000.0)
+}
+
+/// Polls `read` until two readings `settle` apart are equal (the server's
+/// statistics are flushed a moment after the work, the exporter reads the
+/// kernel maps once a second).
+fn settled<T: PartialEq + std::fmt::Debug>(
+    what: &str,
+    settle: Duration,
+    read: impl Fn() -> T,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = read();
+    loop {
+        std::thread::sleep(settle);
+        let now = read();
+        if now == last {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{what} never settled: {now:?}");
+        last = now;
+    }
+}
+
+fn wal_and_checkpoint(kind: PgKind) {
+    if !can_trace() {
+        return;
+    }
+    let Some(stack) = watched(kind).start() else {
+        return;
+    };
+    let (pg, ex) = (&stack.pg, &stack.ex);
+    let v = pg.version().to_string();
+    pg.psql("CREATE TABLE IF NOT EXISTS ins(id bigserial PRIMARY KEY, v int)");
+    let both = || {
+        let m = ex.metrics();
+        (own_wal_syncs(pg).0 as u64, hist(&m, "c", "wal").0 as u64)
+    };
+    settled("WAL syncs before", Duration::from_millis(1500), both);
+    let (p0, s0) = own_wal_syncs(pg);
+    let (e0, es0) = hist(&ex.metrics(), "c", "wal");
+
+    let out = pg.pgbench_inserts(4, 12);
+    assert!(out.contains("tps"), "{out}");
+    settled("WAL syncs after", Duration::from_millis(1500), both);
+    let (p1, s1) = own_wal_syncs(pg);
+    let m1 = ex.metrics();
+    let (e1, es1) = hist(&m1, "c", "wal");
+    let (dp, de) = (p1 - p0, e1 - e0);
+    let (mean_p, mean_e) = ((s1 - s0) / dp, (es1 - es0) / de);
+    crate::common::pg::report(&format!(
+        "PostgreSQL {v}: WAL syncs traced {de} / server {dp} ({:+.2} %); mean traced {:.1} us / \
+         server {:.1} us ({:+.1} %)",
+        (de - dp) / dp * 100.0,
+        mean_e * 1e6,
+        mean_p * 1e6,
+        (mean_e - mean_p) / mean_p * 100.0
+    ));
+    assert!(dp > 1000.0, "{v}: pgbench should make many WAL syncs: {dp}");
+    assert!(
+        ((de - dp) / dp).abs() <= 0.02,
+        "{v}: WAL syncs {de} vs {dp}"
+    );
+    assert!(
+        ((mean_e - mean_p) / mean_p).abs() <= 0.10,
+        "{v}: mean WAL sync {mean_e} vs {mean_p}"
+    );
+
+    // A forced checkpoint with the table's pages dirty: the checkpointer
+    // fsyncs each relation segment it wrote. The server reports them in
+    // pg_stat_io (16+) and, SLRU segments included, in the checkpoint log
+    // line's "sync files=N".
+    let own_relation_fsyncs = || {
+        (pg.major() >= 16).then(|| {
+            pg.psql(
+                "SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE backend_type = \
+                 'checkpointer' AND object = 'relation'",
+            )
+            .parse::<f64>()
+            .unwrap()
+        })
+    };
+    let data = || hist(&ex.metrics(), "c", "data").0 as u64;
+    let d0 = settled("data syncs before", Duration::from_millis(1500), data);
+    let r0 = own_relation_fsyncs();
+    let log_before = pg.log().len();
+    pg.psql("UPDATE ins SET v = v + 1");
+    pg.psql("CHECKPOINT");
+    let d1 = settled("data syncs after", Duration::from_millis(1500), data);
+    let dd = (d1 - d0) as f64;
+    let log = pg.log();
+    let line = log[log_before..]
+        .lines()
+        .find(|l| l.contains("checkpoint complete"))
+        .unwrap_or_else(|| panic!("{v}: no checkpoint log line:\n{}", &log[log_before..]));
+    let sync_files: f64 = line
+        .split("sync files=")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{v}: no sync files= in {line}"));
+    let own = if let Some(r0) = r0 {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r1 = own_relation_fsyncs().unwrap();
+            if r1 > r0 || Instant::now() > deadline {
+                break Some(r1 - r0);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    } else {
+        None
+    };
+    crate::common::pg::report(&format!(
+        "PostgreSQL {v}: checkpoint data fsyncs traced {dd}; server: pg_stat_io {}, log sync \
+         files={sync_files}",
+        own.map_or("n/a".to_string(), |o| o.to_string())
+    ));
+    assert!(
+        dd >= 2.0,
+        "{v}: the checkpoint synced the table and its index: {dd}"
+    );
+    match own {
+        Some(o) => assert!(((dd - o) / o).abs() <= 0.02, "{v}: data fsyncs {dd} vs {o}"),
+        // Before 16 only the log counts them, with the SLRU segments
+        // (pg_xact, pg_multixact, pg_commit_ts, pg_serial), which are
+        // kind="other": at most a few more.
+        None => assert!(
+            dd <= sync_files && sync_files - dd <= 4.0,
+            "{v}: data fsyncs {dd} vs sync files={sync_files}"
+        ),
+    }
+}
+
+#[test]
+fn pg_syncs_match_postgresql_15() {
+    wal_and_checkpoint(PgKind::V15);
+}
+
+#[test]
+fn pg_syncs_match_postgresql_18() {
+    wal_and_checkpoint(PgKind::V18);
+}

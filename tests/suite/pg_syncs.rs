@@ -224,3 +224,109 @@ fn pg_syncs_match_postgresql_15() {
 fn pg_syncs_match_postgresql_18() {
     wal_and_checkpoint(PgKind::V18);
 }
+
+/// Docker's default capability set: no CAP_SYS_ADMIN, CAP_BPF or
+/// CAP_PERFMON.
+const DOCKER_DEFAULT_CAPS: &str = "-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,\
+    +setuid,+setpcap,+net_bind_service,+net_raw,+sys_chroot,+mknod,+audit_write,+setfcap";
+
+/// Without the privileges (a user other than root; root with a container
+/// runtime's default capabilities) the exporter starts, says once why the
+/// collector is off, and probes and watches PostgreSQL as ever.
+#[test]
+fn pg_syncs_off_without_privileges_and_nothing_else_changes() {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        cannot_run_current(Part::Root, "switching to an unprivileged user needs root");
+        return;
+    }
+    let Some(pg) = Stack::builder()
+        .password(PASSWORD)
+        .role("mon", true)
+        .start_postgres()
+    else {
+        return;
+    };
+    // Without the bpf feature the reason is that instead.
+    let reason = if cfg!(feature = "bpf") {
+        "permission"
+    } else {
+        "not_built"
+    };
+    let tracing_off = format!("pgstorage_pg_sync_tracing{{reason=\"{reason}\"}}");
+    let work = tempfile::Builder::new()
+        .prefix("pgse-syncs-")
+        .tempdir()
+        .unwrap();
+    std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    for (who, setpriv) in [
+        (
+            "nobody",
+            vec!["--reuid=65534", "--regid=65534", "--clear-groups"],
+        ),
+        (
+            "root with a container's default capabilities",
+            vec!["--bounding-set", DOCKER_DEFAULT_CAPS, "--inh-caps=-all"],
+        ),
+    ] {
+        let vol = work.path().join(format!("vol-{}", who.len()));
+        std::fs::create_dir(&vol).unwrap();
+        std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let cfg = work.path().join(format!("c-{}.toml", who.len()));
+        std::fs::write(
+            &cfg,
+            format!(
+                "window = \"1m\"\n[[volume]]\nname = \"t\"\npath = \"{}\"\ninterval = \"100ms\"\n\
+                 read_file_size = \"4MiB\"\nfree_space_reserve = \"0\"\n[[cluster]]\nname = \"c\"\n\
+                 dsn = \"{}\"\nscrape_interval = \"500ms\"\ndiscover_volumes = false\n",
+                vol.display(),
+                pg.dsn("mon", PASSWORD)
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let mut cmd = std::process::Command::new("setpriv");
+        cmd.args(&setpriv).arg(crate::common::BIN).args([
+            "--web.listen-address",
+            "127.0.0.1:0",
+            "--config.file",
+        ]);
+        cmd.arg(&cfg);
+        let ex = crate::common::Exporter::spawn(cmd);
+        let m = ex.wait_for(
+            "probes, PostgreSQL and the reason",
+            Duration::from_secs(30),
+            |m| {
+                sample(m, "pgstorage_pg_up{cluster=\"c\"}") == Some(1.0)
+                    && sample(m, "pgstorage_collector_success{collector=\"probe:t\"}") == Some(1.0)
+                    && sample(m, &tracing_off) == Some(0.0)
+            },
+        );
+        assert_eq!(
+            sample(
+                &m,
+                "pgstorage_collector_success{collector=\"postgres.syncs\"}"
+            ),
+            Some(0.0),
+            "{who}"
+        );
+        assert_eq!(
+            sample(&m, "pgstorage_collector_success{collector=\"postgres:c\"}"),
+            Some(1.0),
+            "{who}"
+        );
+        assert!(!m.contains("pgstorage_pg_sync_seconds_count"), "{who}: {m}");
+        let log = ex.log();
+        let off: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("sync tracing is off"))
+            .collect();
+        assert_eq!(off.len(), 1, "{who}: {log}");
+        assert!(
+            off[0].contains(&format!("reason={reason}")),
+            "{who}: {}",
+            off[0]
+        );
+        crate::common::pg::report(&format!("as {who}: {}", off[0]));
+    }
+}

@@ -330,3 +330,108 @@ fn pg_syncs_off_without_privileges_and_nothing_else_changes() {
         crate::common::pg::report(&format!("as {who}: {}", off[0]));
     }
 }
+
+/// Two clusters watched by one exporter are told apart by their process
+/// trees, and fio doing fdatasync in a cluster's own pg_wal directory is
+/// not counted: it is no descendant of the postmaster.
+#[test]
+fn pg_syncs_tell_two_clusters_and_a_foreign_process_apart() {
+    if !can_trace() {
+        return;
+    }
+    let start = |kind| {
+        Stack::builder()
+            .pg_version(kind)
+            .password(PASSWORD)
+            .role("mon", true)
+            .start_postgres()
+    };
+    let (Some(a), Some(b)) = (start(PgKind::V18), start(PgKind::V15)) else {
+        return;
+    };
+    let work = tempfile::Builder::new()
+        .prefix("pgse-syncs-")
+        .tempdir()
+        .unwrap();
+    let cfg = work.path().join("c.toml");
+    let cluster = |name: &str, pg: &PgServer| {
+        format!(
+            "[[cluster]]\nname = \"{name}\"\ndsn = \"{}\"\nscrape_interval = \"500ms\"\n\
+             discover_volumes = false\n",
+            pg.dsn("mon", PASSWORD)
+        )
+    };
+    std::fs::write(
+        &cfg,
+        format!("window = \"1m\"\n{}{}", cluster("a", &a), cluster("b", &b)),
+    )
+    .unwrap();
+    let ex = crate::common::Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for("both clusters traced", Duration::from_secs(30), |m| {
+        ["a", "b"].iter().all(|c| {
+            sample(
+                m,
+                &format!("pgstorage_pg_sync_traced{{cluster=\"{c}\",reason=\"ok\"}}"),
+            ) == Some(1.0)
+        })
+    });
+    a.psql("CREATE TABLE ins(id bigserial PRIMARY KEY, v int)");
+    let read = || {
+        let m = ex.metrics();
+        (
+            own_wal_syncs(&a).0 as u64,
+            hist(&m, "a", "wal").0 as u64,
+            own_wal_syncs(&b).0 as u64,
+            hist(&m, "b", "wal").0 as u64,
+        )
+    };
+    let before = settled("WAL syncs before", Duration::from_millis(1500), read);
+
+    // fio in b's pg_wal (a name PostgreSQL ignores there), at the same
+    // time as pgbench on a.
+    let walb = b.data_dir().join("pg_wal");
+    let fio = std::process::Command::new("fio")
+        .args([
+            "--name=foreign",
+            "--rw=write",
+            "--bs=8k",
+            "--size=4M",
+            "--fdatasync=1",
+            "--ioengine=psync",
+        ])
+        .arg(format!("--directory={}", walb.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run fio (scripts/test installs it)");
+    a.pgbench_inserts(4, 5);
+    let out = fio.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "fio: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for e in std::fs::read_dir(&walb).unwrap().flatten() {
+        if e.file_name().to_string_lossy().starts_with("foreign") {
+            std::fs::remove_file(e.path()).unwrap();
+        }
+    }
+    let after = settled("WAL syncs after", Duration::from_millis(1500), read);
+    let (pa, ea, pb, eb) = (
+        after.0 - before.0,
+        after.1 - before.1,
+        after.2 - before.2,
+        after.3 - before.3,
+    );
+    crate::common::pg::report(&format!(
+        "cluster a (pgbench): traced {ea} / server {pa}; cluster b (idle, fio's 512 \
+         fdatasyncs in its pg_wal): traced {eb} / server {pb}"
+    ));
+    assert!(pa > 500, "{pa}");
+    assert!(
+        ea.abs_diff(pa) as f64 <= pa as f64 * 0.02,
+        "a: {ea} vs {pa}"
+    );
+    // b's own WAL syncs (a background record now and then), none of fio's.
+    assert!(eb <= pb + 2, "b: traced {eb}, server {pb}: fio counted?");
+}

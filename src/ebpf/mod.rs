@@ -129,6 +129,17 @@ pub(crate) fn spawn(
 fn run(state: &SyncState, targets: &dyn Fn() -> Vec<Target>) {
     let mut tracer = match start() {
         Ok(t) => t,
+        // A build without the feature is a choice, not a fault of the host.
+        Err((off @ Off::NotBuilt, detail)) => {
+            tracing::info!(
+                collector = "postgres.syncs",
+                reason = off.as_str(),
+                detail = %detail,
+                "PostgreSQL sync tracing is off; every other collector is unaffected"
+            );
+            state.set(|s| s.off = Some(off));
+            return;
+        }
         Err((off, detail)) => {
             tracing::warn!(
                 collector = "postgres.syncs",

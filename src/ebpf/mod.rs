@@ -30,7 +30,7 @@ pub(crate) mod seed;
 
 pub(crate) use seed::Off;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -74,6 +74,41 @@ impl Histogram {
     }
 }
 
+impl Histogram {
+    /// The upper bound of the bucket holding the nearest-rank `q`
+    /// quantile, in seconds; `None` without syncs, infinite past the last
+    /// bound.
+    pub(crate) fn quantile_bound(&self, q: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = ((q * self.count as f64).ceil() as u64).max(1);
+        let bounds = crate::model::buckets::probe_buckets();
+        let mut seen = 0;
+        for (i, n) in self.buckets.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(bounds.get(i).copied().unwrap_or(f64::INFINITY));
+            }
+        }
+        Some(f64::INFINITY)
+    }
+
+    /// The syncs since `earlier`, a previous reading of the same histogram.
+    pub(crate) fn since(&self, earlier: &Histogram) -> Histogram {
+        Histogram {
+            buckets: self
+                .buckets
+                .iter()
+                .zip(&earlier.buckets)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            sum_ns: self.sum_ns.saturating_sub(earlier.sum_ns),
+            count: self.count.saturating_sub(earlier.count),
+        }
+    }
+}
+
 /// A watched cluster as the tracer sees it.
 #[derive(Debug, Clone)]
 pub(crate) struct ClusterSyncs {
@@ -82,7 +117,13 @@ pub(crate) struct ClusterSyncs {
     pub(crate) traced: Result<(), &'static str>,
     /// By kind ([`KINDS`]); `None` until it was first traced.
     pub(crate) kinds: Option<[Histogram; 3]>,
+    /// By kind, the syncs of about the last [`RECENT`] (less while the
+    /// exporter has been tracing for less): for the status page.
+    pub(crate) recent: Option<[Histogram; 3]>,
 }
+
+/// How far back [`ClusterSyncs::recent`] reaches.
+pub(crate) const RECENT: Duration = Duration::from_secs(60);
 
 /// What the collector has: off (and why), or the watched clusters.
 #[derive(Debug, Clone, Default)]
@@ -156,15 +197,40 @@ fn run(state: &SyncState, targets: &dyn Fn() -> Vec<Target>) {
         "tracing PostgreSQL's WAL and data-file syncs in the kernel"
     );
     state.set(|s| s.running = true);
+    // Earlier readings, one per round, as far back as RECENT.
+    let mut history: VecDeque<BTreeMap<String, [Histogram; 3]>> = VecDeque::new();
     loop {
-        let clusters = tracer
+        let clusters: BTreeMap<String, ClusterSyncs> = tracer
             .round(&targets())
             .into_iter()
             .map(|(name, traced, words)| {
                 let kinds = words.map(|w| w.map(|w| Histogram::from_words(&w)));
-                (name, ClusterSyncs { traced, kinds })
+                let recent =
+                    kinds
+                        .as_ref()
+                        .map(|now| match history.front().and_then(|h| h.get(&name)) {
+                            Some(then) => [0, 1, 2].map(|k| now[k].since(&then[k])),
+                            None => now.clone(),
+                        });
+                (
+                    name,
+                    ClusterSyncs {
+                        traced,
+                        kinds,
+                        recent,
+                    },
+                )
             })
             .collect();
+        history.push_back(
+            clusters
+                .iter()
+                .filter_map(|(n, c)| Some((n.clone(), c.kinds.clone()?)))
+                .collect(),
+        );
+        while history.len() as u64 > RECENT.as_secs() / ROUND.as_secs() {
+            history.pop_front();
+        }
         state.set(|s| s.clusters = clusters);
         std::thread::sleep(ROUND);
     }
@@ -193,5 +259,25 @@ struct NoTracer;
 impl NoTracer {
     fn round(&mut self, _: &[Target]) -> Vec<seed::Reading> {
         Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantile_bound_is_the_bucket_of_the_rank() {
+        let mut h = Histogram::default();
+        // 98 syncs in the 1 ms bucket (index 12), 2 in the 10 ms one (18).
+        h.buckets[12] = 98;
+        h.buckets[18] = 2;
+        h.count = 100;
+        assert_eq!(h.quantile_bound(0.5), Some(0.001));
+        assert_eq!(h.quantile_bound(0.98), Some(0.001));
+        assert_eq!(h.quantile_bound(0.99), Some(0.01));
+        assert_eq!(Histogram::default().quantile_bound(0.99), None);
+        assert_eq!(h.since(&Histogram::default()), h);
+        assert_eq!(h.since(&h).count, 0);
     }
 }

@@ -236,6 +236,39 @@ fn run(state: &SyncState, targets: &dyn Fn() -> Vec<Target>) {
     }
 }
 
+/// Traces the cluster at `data_dir` for `duration` (`check --pg.dsn`):
+/// its syncs by kind, or why they could not be traced.
+pub(crate) fn trace_once(
+    data_dir: &std::path::Path,
+    duration: Duration,
+) -> Result<[Histogram; 3], String> {
+    let mut tracer = start().map_err(|(off, detail)| format!("{}: {detail}", off.as_str()))?;
+    let targets = [(String::from("c"), Some(data_dir.to_path_buf()))];
+    let read = |tracer: &mut _| -> Result<[Histogram; 3], String> {
+        let (_, traced, words) = round_of(tracer, &targets)
+            .into_iter()
+            .next()
+            .ok_or("no reading")?;
+        traced?;
+        let words = words.ok_or("not traced")?;
+        Ok(words.map(|w| Histogram::from_words(&w)))
+    };
+    let before = read(&mut tracer)?;
+    std::thread::sleep(duration);
+    let after = read(&mut tracer)?;
+    Ok([0, 1, 2].map(|k| after[k].since(&before[k])))
+}
+
+#[cfg(feature = "bpf")]
+fn round_of(t: &mut loader::Tracer, targets: &[Target]) -> Vec<seed::Reading> {
+    t.round(targets)
+}
+
+#[cfg(not(feature = "bpf"))]
+fn round_of(t: &mut NoTracer, targets: &[Target]) -> Vec<seed::Reading> {
+    t.round(targets)
+}
+
 #[cfg(feature = "bpf")]
 fn start() -> Result<loader::Tracer, (Off, String)> {
     seed::preflight()?;

@@ -435,3 +435,64 @@ fn pg_syncs_tell_two_clusters_and_a_foreign_process_apart() {
     // b's own WAL syncs (a background record now and then), none of fio's.
     assert!(eb <= pb + 2, "b: traced {eb}, server {pb}: fio counted?");
 }
+
+/// `check --pg.dsn` shows a few seconds of the server's own syncs, by
+/// kind, in its text and JSON reports.
+#[test]
+fn check_shows_the_servers_own_syncs() {
+    if !can_trace() {
+        return;
+    }
+    let Some(pg) = Stack::builder()
+        .password(PASSWORD)
+        .role("mon", true)
+        .start_postgres()
+    else {
+        return;
+    };
+    pg.psql("CREATE TABLE ins(id bigserial PRIMARY KEY, v int)");
+    let dir = tempfile::tempdir().unwrap();
+    let dsn = pg.dsn("mon", PASSWORD);
+    let load = std::thread::scope(|s| {
+        let bench = s.spawn(|| pg.pgbench_inserts(2, 12));
+        std::thread::sleep(Duration::from_secs(2));
+        let run = |format: &str| {
+            let out = std::process::Command::new(crate::common::BIN)
+                .arg("check")
+                .arg(dir.path())
+                .args(["--audit-only", "--format", format, "--pg.dsn", &dsn])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let text = run("text");
+        let json = run("json");
+        bench.join().unwrap();
+        (text, json)
+    });
+    let (text, json) = load;
+    crate::common::pg::report(&format!(
+        "check --pg.dsn: {}",
+        text.lines()
+            .skip_while(|l| !l.starts_with("server's own syncs"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    ));
+    let wal = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("wal "))
+        .unwrap_or_else(|| panic!("{text}"));
+    let n: u64 = wal.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(n > 100, "{wal}");
+    assert!(
+        text.contains("server's own syncs over 5 s (traced in the kernel):"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let kinds = v["server_syncs"]["kinds"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(kinds[0]["kind"], "wal", "{json}");
+    assert!(kinds[0]["count"].as_u64().unwrap() > 100, "{json}");
+    assert!(kinds[0]["p99_le_seconds"].as_f64().unwrap() > 0.0, "{json}");
+}

@@ -123,7 +123,12 @@ fn wal_and_checkpoint(kind: PgKind) {
     let (p0, s0) = own_wal_syncs(pg);
     let (e0, es0) = hist(&ex.metrics(), "c", "wal");
 
-    let out = pg.pgbench_inserts(4, 12);
+    // 12 s here; PGSE_SYNCS_PGBENCH_SECONDS=60 for the longer run.
+    let seconds = std::env::var("PGSE_SYNCS_PGBENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(12);
+    let out = pg.pgbench_inserts(4, seconds);
     assert!(out.contains("tps"), "{out}");
     settled("WAL syncs after", Duration::from_millis(1500), both);
     let (p1, s1) = own_wal_syncs(pg);
@@ -132,8 +137,8 @@ fn wal_and_checkpoint(kind: PgKind) {
     let (dp, de) = (p1 - p0, e1 - e0);
     let (mean_p, mean_e) = ((s1 - s0) / dp, (es1 - es0) / de);
     crate::common::pg::report(&format!(
-        "PostgreSQL {v}: WAL syncs traced {de} / server {dp} ({:+.2} %); mean traced {:.1} us / \
-         server {:.1} us ({:+.1} %)",
+        "PostgreSQL {v}, pgbench -c 4 for {seconds} s: WAL syncs traced {de} / server {dp} \
+         ({:+.2} %); mean traced {:.1} us / server {:.1} us ({:+.1} %)",
         (de - dp) / dp * 100.0,
         mean_e * 1e6,
         mean_p * 1e6,

@@ -204,6 +204,9 @@ impl Tracer {
         if had_pid != Some(pid) {
             // A new postmaster (a restart): its old processes are gone.
             self.drop_procs(index);
+            // The postmaster first: from then on the kernel adds what it
+            // forks, so a backend forked while /proc is read is not missed.
+            let _ = self.procs.insert(pid, index, 0);
             for p in seed::descendants(pid) {
                 // A full map drops the entry: that process goes untraced.
                 let _ = self.procs.insert(p, index, 0);

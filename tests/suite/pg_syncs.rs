@@ -501,3 +501,50 @@ fn check_shows_the_servers_own_syncs() {
     assert!(kinds[0]["count"].as_u64().unwrap() > 100, "{json}");
     assert!(kinds[0]["p99_le_seconds"].as_f64().unwrap() > 0.0, "{json}");
 }
+
+/// wal_sync_method = open_datasync: the WAL file is opened with O_DSYNC and
+/// each write is the sync, so the WAL histogram counts those writes: as
+/// many as PostgreSQL's own WAL writes (pg_stat_io, 18).
+#[test]
+fn pg_syncs_count_the_o_dsync_wal_writes_of_open_datasync() {
+    if !can_trace() {
+        return;
+    }
+    let Some(stack) = Stack::builder()
+        .password(PASSWORD)
+        .role("mon", true)
+        .setup(|pg| {
+            pg.psql("ALTER SYSTEM SET wal_sync_method = 'open_datasync'");
+            pg.psql("SELECT pg_reload_conf()");
+        })
+        .cluster(
+            "c",
+            "mon",
+            "scrape_interval = \"500ms\"\ndiscover_volumes = false",
+        )
+        .ready("cluster c traced", Duration::from_secs(30), |m| {
+            sample(m, "pgstorage_pg_sync_traced{cluster=\"c\",reason=\"ok\"}") == Some(1.0)
+        })
+        .start()
+    else {
+        return;
+    };
+    let (pg, ex) = (&stack.pg, &stack.ex);
+    assert_eq!(pg.psql("SHOW wal_sync_method"), "open_datasync");
+    pg.psql("CREATE TABLE ins(id bigserial PRIMARY KEY, v int)");
+    let writes = || -> u64 {
+        pg.psql("SELECT sum(writes) FROM pg_stat_io WHERE object = 'wal' AND context = 'normal'")
+            .parse::<f64>()
+            .unwrap() as u64
+    };
+    let both = || (writes(), hist(&ex.metrics(), "c", "wal").0 as u64);
+    let before = settled("WAL writes before", Duration::from_millis(1500), both);
+    pg.pgbench_inserts(4, 8);
+    let after = settled("WAL writes after", Duration::from_millis(1500), both);
+    let (dp, de) = (after.0 - before.0, after.1 - before.1);
+    crate::common::pg::report(&format!(
+        "open_datasync: O_DSYNC WAL writes traced {de} / server's WAL writes {dp}"
+    ));
+    assert!(dp > 500, "{dp}");
+    assert!(de.abs_diff(dp) as f64 <= dp as f64 * 0.02, "{de} vs {dp}");
+}

@@ -56,12 +56,19 @@
 # the engine in use is the `engine` label of pgstorage_volume_info. Set
 # engine = "sync" in the configuration to skip the attempt and its log line.
 # Do not loosen the container's seccomp profile for the exporter.
+#
+# The postgres.syncs collector (PostgreSQL's own syncs timed in the kernel)
+# needs CAP_BPF and CAP_PERFMON, the host's PID namespace and tracefs
+# (docs/install.md, "Tracing PostgreSQL's syncs"):
+#   --cap-add BPF --cap-add PERFMON --pid host -v /sys/kernel/tracing:/sys/kernel/tracing
+# Without them it is off, with the reason in the log and in
+# pgstorage_pg_sync_tracing; everything else works.
 
 ARG BUILDER_IMAGE=docker.io/library/rust:1.95-bookworm
 
 FROM ${BUILDER_IMAGE} AS builder
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY scripts/image-rootfs /usr/local/bin/image-rootfs
 # Cache mounts keep the crate registry and the build directory between
@@ -69,9 +76,14 @@ COPY scripts/image-rootfs /usr/local/bin/image-rootfs
 # out of the cache in the same step, into the run-time tree that
 # scripts/image-rootfs assembles (the binary, the glibc objects it links,
 # the CA bundle, passwd/group entries).
+# The `bpf` feature (the postgres.syncs collector) compiles a BPF program
+# with clang against libbpf's headers.
+RUN command -v clang >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ] || { \
+      apt-get update && apt-get install -y --no-install-recommends clang libbpf-dev \
+      && rm -rf /var/lib/apt/lists/*; }
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked \
+    cargo build --release --locked --features bpf \
     && image-rootfs target/release/pg-storage-exporter /rootfs
 
 FROM scratch

@@ -126,6 +126,10 @@ pub(crate) struct AuditReport {
     pub(crate) host: crate::audit::Outcome,
     /// With `--pg.dsn`: the cluster's findings.
     pub(crate) cluster: Option<crate::audit::Outcome>,
+    /// With `--pg.dsn`: the server's own syncs over a few seconds, traced
+    /// in the kernel, or why they could not be.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) server_syncs: Option<ServerSyncs>,
     /// Files that exist but could not be read or parsed.
     pub(crate) read_errors: Vec<String>,
 }
@@ -144,6 +148,27 @@ impl AuditReport {
             .chain(self.host.findings.iter().map(|f| ("host", f)))
             .chain(cluster.map(|f| ("cluster", f)))
     }
+}
+
+/// The server's own syncs during `check --pg.dsn`, by kind.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ServerSyncs {
+    pub(crate) seconds: f64,
+    /// Why they were not traced (the collector's reasons), if not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) off: Option<String>,
+    pub(crate) kinds: Vec<KindSyncs>,
+}
+
+/// One kind of sync (`wal`, `data`, `other`): the count, the mean and the
+/// bucket bounds (the exporter's histogram layout) of p50 and p99.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct KindSyncs {
+    pub(crate) kind: &'static str,
+    pub(crate) count: u64,
+    pub(crate) mean_seconds: Option<f64>,
+    pub(crate) p50_le_seconds: Option<f64>,
+    pub(crate) p99_le_seconds: Option<f64>,
 }
 
 /// Audits the volume holding `path` and the host, from /proc and /sys.
@@ -166,6 +191,7 @@ pub(crate) fn audit(path: &Path, sync_too_fast: Option<bool>) -> AuditReport {
         volume: crate::audit::evaluate_volume(&volume_facts),
         host: crate::audit::evaluate_host(&host_facts),
         cluster: None,
+        server_syncs: None,
         read_errors: errors.0,
     }
 }
@@ -234,6 +260,36 @@ pub(crate) fn render_audit_text(a: &AuditReport) -> String {
     }
     for e in &a.read_errors {
         let _ = writeln!(o, "  could not read {e}");
+    }
+    if let Some(t) = &a.server_syncs {
+        match &t.off {
+            Some(why) => {
+                let _ = writeln!(o, "server's own syncs: not traced ({why})");
+            }
+            None => {
+                let _ = writeln!(
+                    o,
+                    "server's own syncs over {:.0} s (traced in the kernel):",
+                    t.seconds
+                );
+                for k in &t.kinds {
+                    let b = |v: Option<f64>| match v {
+                        Some(v) if v.is_finite() => format!("<= {}", fmt_seconds(v)),
+                        Some(_) => "> 10 s".to_string(),
+                        None => "-".to_string(),
+                    };
+                    let _ = writeln!(
+                        o,
+                        "  {:<5} {:>6} syncs  mean {}  p50 {}  p99 {}",
+                        k.kind,
+                        k.count,
+                        k.mean_seconds.map_or("-".to_string(), fmt_seconds),
+                        b(k.p50_le_seconds),
+                        b(k.p99_le_seconds)
+                    );
+                }
+            }
+        }
     }
     o
 }

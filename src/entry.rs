@@ -135,9 +135,36 @@ fn cluster_audit(a: &CheckArgs, r: &mut check::AuditReport) -> anyhow::Result<()
     if let Some(dsn) = &a.pg_dsn {
         let (host, _) =
             crate::audit::read::host(std::path::Path::new("/proc"), std::path::Path::new("/sys"));
-        r.cluster = Some(crate::app::audit::check_cluster(dsn, &host)?);
+        let (outcome, data_dir) = crate::app::audit::check_cluster(dsn, &host)?;
+        r.cluster = Some(outcome);
+        r.server_syncs = Some(server_syncs(data_dir));
     }
     Ok(())
+}
+
+/// A few seconds of the server's own syncs, where the exporter can trace
+/// them (the daemon's postgres.syncs collector), or why it cannot.
+fn server_syncs(data_dir: Option<std::path::PathBuf>) -> check::ServerSyncs {
+    let seconds = 5;
+    let traced = match data_dir {
+        Some(d) => crate::app::audit::server_syncs(&d, seconds),
+        None => Err("no data_directory".to_string()),
+    };
+    check::ServerSyncs {
+        seconds: seconds as f64,
+        off: traced.as_ref().err().cloned(),
+        kinds: traced
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(kind, count, mean, p50, p99)| check::KindSyncs {
+                kind,
+                count,
+                mean_seconds: mean,
+                p50_le_seconds: p50,
+                p99_le_seconds: p99,
+            })
+            .collect(),
+    }
 }
 
 /// `check`'s exit status for a finished run: [`check::EXIT_VERDICT`] when

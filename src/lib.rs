@@ -10,6 +10,7 @@ pub mod audit;
 pub(crate) mod check;
 pub(crate) mod cli;
 pub mod config;
+pub(crate) mod ebpf;
 pub mod entry;
 pub(crate) mod errno;
 pub(crate) mod events;

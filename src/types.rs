@@ -274,6 +274,10 @@ pub(crate) enum Collector {
     /// Wait-event sampling (`pgstorage_pg_wait_event_seconds_total`): one
     /// query per `wait_sampling_interval` on a connection of its own.
     PostgresWaits,
+    /// PostgreSQL's own WAL and data-file syncs timed in the kernel (eBPF),
+    /// as histograms per cluster. On by default; off with a reason where the
+    /// exporter cannot load BPF programs.
+    PostgresSyncs,
     /// IO limits: cgroup throttles, provisioned figures and their use from
     /// the device counters (a volume's `sweep` is configured per volume and
     /// runs on its probe thread).
@@ -284,7 +288,7 @@ pub(crate) enum Collector {
 }
 
 /// Name, default and one-line description of each [`Collector`].
-pub(crate) const COLLECTORS: [(Collector, &str, bool, &str); 9] = [
+pub(crate) const COLLECTORS: [(Collector, &str, bool, &str); 10] = [
     (
         Collector::Probes,
         "probes",
@@ -328,6 +332,12 @@ pub(crate) const COLLECTORS: [(Collector, &str, bool, &str); 9] = [
         "wait-event sampling (pgstorage_pg_wait_event_seconds_total)",
     ),
     (
+        Collector::PostgresSyncs,
+        "postgres.syncs",
+        true,
+        "the server's own WAL and data-file syncs timed in the kernel (eBPF; root or CAP_BPF+CAP_PERFMON)",
+    ),
+    (
         Collector::Limits,
         "limits",
         true,
@@ -369,7 +379,9 @@ impl Collectors {
     pub(crate) fn on(&self, c: Collector) -> bool {
         let parent = match c {
             Collector::ProbesSplit => Some(Collector::Probes),
-            Collector::PostgresIo | Collector::PostgresWaits => Some(Collector::Postgres),
+            Collector::PostgresIo | Collector::PostgresWaits | Collector::PostgresSyncs => {
+                Some(Collector::Postgres)
+            }
             Collector::LimitsEbs => Some(Collector::Limits),
             Collector::PostgresIoZeroRows | Collector::PostgresIoBuffers => {
                 Some(Collector::PostgresIo)

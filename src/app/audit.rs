@@ -3,7 +3,7 @@
 //! host and volume facts on a blocking thread, builds each cluster's facts
 //! from what its collector last read, evaluates and stores the report.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -207,11 +207,37 @@ fn snapshot_facts(
     ))
 }
 
+/// `check --pg.dsn`: the server's own syncs over `seconds`, traced in the
+/// kernel, when its data directory is on this host: (kind, count, mean,
+/// p50 and p99 bucket bounds), or why not.
+pub(crate) type KindSummary = (&'static str, u64, Option<f64>, Option<f64>, Option<f64>);
+
+pub(crate) fn server_syncs(data_dir: &Path, seconds: u64) -> Result<Vec<KindSummary>, String> {
+    let kinds = crate::ebpf::trace_once(data_dir, std::time::Duration::from_secs(seconds))?;
+    Ok(kinds
+        .iter()
+        .zip(crate::ebpf::KINDS)
+        .map(|(h, kind)| {
+            let mean = (h.count > 0).then(|| h.sum_ns as f64 / 1e9 / h.count as f64);
+            (
+                kind,
+                h.count,
+                mean,
+                h.quantile_bound(0.5),
+                h.quantile_bound(0.99),
+            )
+        })
+        .collect())
+}
+
 /// `check --pg.dsn DSN`: the cluster's findings from one short read-only
 /// session (the same settings and checkpoint queries as the collector),
 /// with the data and WAL filesystems looked up locally when the data
 /// directory is visible from here.
-pub(crate) fn check_cluster(dsn: &str, host: &audit::HostFacts) -> anyhow::Result<audit::Outcome> {
+pub(crate) fn check_cluster(
+    dsn: &str,
+    host: &audit::HostFacts,
+) -> anyhow::Result<(audit::Outcome, Option<PathBuf>)> {
     use anyhow::Context;
     let env = |k: &str| std::env::var(k).ok();
     let target =
@@ -274,5 +300,5 @@ pub(crate) fn check_cluster(dsn: &str, host: &audit::HostFacts) -> anyhow::Resul
         data_nonrotational,
     };
     let facts = cluster_facts(&settings, checkpoints.as_ref(), at, host.hugepages_total);
-    Ok(audit::evaluate_cluster(&facts))
+    Ok((audit::evaluate_cluster(&facts), data))
 }

@@ -137,6 +137,9 @@ pub(crate) async fn run(
     // With a web configuration file basic auth can be in force (a reload
     // can add users to a file that had none); without one it never is.
     let auth_metrics = web.config_file.is_some().then(|| metrics.register_auth());
+    if cfg.collectors.on(crate::types::Collector::PostgresSyncs) {
+        spawn_syncs(&metrics, clusters.clone())?;
+    }
     let metrics = Arc::new(metrics);
 
     // Every socket is bound (or taken over) before anything starts, so a
@@ -224,6 +227,29 @@ fn listen(
     let max_connections = fit_connections(wanted, bound.len(), nofile);
     log_listening(&bound, security, telemetry_path, systemd, max_connections);
     Ok((bound, max_connections))
+}
+
+/// Starts the `postgres.syncs` collector's thread: it traces the clusters
+/// the PostgreSQL collectors watch, each at the `data_directory` its
+/// collector read (none until its first scrape).
+fn spawn_syncs(
+    metrics: &Metrics,
+    clusters: Arc<crate::postgres::ClusterSet>,
+) -> anyhow::Result<()> {
+    let targets = move || {
+        clusters
+            .snapshots()
+            .into_iter()
+            .map(|c| {
+                let dir = c
+                    .setting("data_directory")
+                    .map(|s| std::path::PathBuf::from(&s.value));
+                (c.name, dir)
+            })
+            .collect()
+    };
+    crate::ebpf::spawn(metrics.syncs(), Box::new(targets))
+        .context("starting the postgres.syncs thread")
 }
 
 /// One line per socket, as exporter-toolkit logs; whether the endpoint is

@@ -27,6 +27,11 @@ pub(crate) fn rows(s: &ScrapeSnapshot) -> Vec<(String, bool, Option<f64>)> {
     for c in &s.clusters {
         rows.push((format!("postgres:{}", c.name), c.up, c.scrape_seconds));
     }
+    // postgres.syncs: off for a reason, or a watched cluster untraced.
+    if s.syncs.running || s.syncs.off.is_some() {
+        let ok = s.syncs.running && s.syncs.clusters.values().all(|c| c.traced.is_ok());
+        rows.push(("postgres.syncs".to_string(), ok, None));
+    }
     if let Some(ran) = &s.limits.last_run {
         rows.push((
             "limits".to_string(),
@@ -46,7 +51,8 @@ pub(crate) fn encode(enc: Enc<'_, '_>, s: &ScrapeSnapshot) -> std::fmt::Result {
          commit or read probe completed and none is in flight past its timeout; \
          postgres:<cluster>: the latest scrape of the cluster succeeded (as pgstorage_pg_up); \
          limits: every cgroup, /proc and /sys file the latest limits pass needed was read \
-         (see pgstorage_limits_read_errors_total).",
+         (see pgstorage_limits_read_errors_total); postgres.syncs: the kernel tracing runs and \
+         traces every watched cluster (see pgstorage_pg_sync_tracing for why not).",
         rows.iter()
             .map(|(c, ok, _)| ([("collector", c.as_str())], if *ok { 1.0 } else { 0.0 })),
     )?;

@@ -28,6 +28,7 @@ pub(crate) mod probe;
 pub(crate) mod process;
 pub(crate) mod render;
 pub(crate) mod summary;
+pub(crate) mod syncs;
 
 use std::sync::Arc;
 
@@ -51,6 +52,7 @@ pub(crate) struct Metrics {
     clusters: Arc<ClusterSet>,
     limits: Arc<LimitsState>,
     audit: Arc<crate::audit::AuditState>,
+    syncs: Arc<crate::ebpf::SyncState>,
     config: config::ConfigMetrics,
     connections: connections::ConnectionMetrics,
     render: render::RenderMetrics,
@@ -68,6 +70,7 @@ pub(crate) struct ScrapeSnapshot {
     pub(crate) clusters: Vec<ClusterSnapshot>,
     pub(crate) limits: LimitsSnapshot,
     pub(crate) audit: crate::audit::AuditSnapshot,
+    pub(crate) syncs: crate::ebpf::SyncSnapshot,
 }
 
 impl Metrics {
@@ -89,6 +92,7 @@ impl Metrics {
             clusters,
             limits,
             audit: Default::default(),
+            syncs: Default::default(),
             config,
             connections,
             render,
@@ -100,6 +104,11 @@ impl Metrics {
     /// The audit's results, which the daemon's audit task writes.
     pub(crate) fn audit(&self) -> Arc<crate::audit::AuditState> {
         self.audit.clone()
+    }
+
+    /// What the `postgres.syncs` collector has, which its thread writes.
+    pub(crate) fn syncs(&self) -> Arc<crate::ebpf::SyncState> {
+        self.syncs.clone()
     }
 
     pub(crate) fn config(&self) -> config::ConfigMetrics {
@@ -158,6 +167,7 @@ impl Metrics {
             clusters,
             limits,
             audit,
+            syncs: self.syncs.snapshot(),
         }
     }
 
@@ -216,6 +226,7 @@ impl Collector for Scrape {
         crate::postgres::views::encode(&mut enc, &s.clusters)?;
         limits::encode(&mut enc, &s.limits)?;
         audit::encode(&mut enc, &s.audit)?;
+        syncs::encode(&mut enc, &s.syncs)?;
         health::encode(&mut enc, s)
     }
 }

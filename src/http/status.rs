@@ -141,6 +141,7 @@ pub(crate) fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64)
         o.push_str(&sections);
     }
     clusters(&mut o, &snap.clusters, now_unix);
+    syncs(&mut o, &snap.syncs);
     health(&mut o, snap);
     o.push_str("</body></html>\n");
     o
@@ -640,6 +641,57 @@ fn clusters(o: &mut String, clusters: &[ClusterSnapshot], now: f64) {
     }
 }
 
+/// The server's own syncs, traced in the kernel, over the last minute.
+fn syncs(o: &mut String, s: &crate::ebpf::SyncSnapshot) {
+    if let Some(off) = s.off {
+        let _ = write!(
+            o,
+            "<p id=\"syncs\">Kernel tracing of PostgreSQL's own syncs is off: {} \
+             (pgstorage_pg_sync_tracing).</p>",
+            esc(off.as_str())
+        );
+        return;
+    }
+    if !s.running || s.clusters.is_empty() {
+        return;
+    }
+    o.push_str(
+        "<h3 id=\"syncs\">Server's own syncs, last minute (traced in the kernel)</h3>\
+         <table class=\"syncs\"><tr><th>cluster</th><th>traced</th><th>WAL syncs</th>\
+         <th>WAL p50</th><th>WAL p99</th><th>data syncs</th><th>data p99</th></tr>",
+    );
+    for (name, c) in &s.clusters {
+        let traced = match c.traced {
+            Ok(()) => "<span class=\"ok\">yes</span>".to_string(),
+            Err(why) => format!("<span class=\"bad\">no: {}</span>", esc(why)),
+        };
+        let (wal, data) = match &c.recent {
+            Some([w, d, _]) => (Some(w), Some(d)),
+            _ => (None, None),
+        };
+        let count = |h: Option<&crate::ebpf::Histogram>| {
+            h.map(|h| h.count.to_string()).unwrap_or_else(|| "-".into())
+        };
+        let q = |h: Option<&crate::ebpf::Histogram>, q| match h.and_then(|h| h.quantile_bound(q)) {
+            Some(b) if b.is_finite() => format!("&le; {}", fmt_seconds(b)),
+            Some(_) => "&gt; 10 s".to_string(),
+            None => "-".to_string(),
+        };
+        let _ = write!(
+            o,
+            "<tr><td>{}</td><td>{traced}</td><td class=\"n\">{}</td><td class=\"n\">{}</td>\
+             <td class=\"n\">{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td></tr>",
+            esc(name),
+            count(wal),
+            q(wal, 0.5),
+            q(wal, 0.99),
+            count(data),
+            q(data, 0.99),
+        );
+    }
+    o.push_str("</table>");
+}
+
 fn health(o: &mut String, snap: &ScrapeSnapshot) {
     o.push_str(
         "<h2 id=\"collectors\">Collectors</h2><table class=\"collectors\">\
@@ -762,6 +814,7 @@ mod tests {
             ..Default::default()
         };
         let snap = ScrapeSnapshot {
+            syncs: Default::default(),
             volumes: vec![(v, s)],
             clusters: Vec::new(),
             limits,
@@ -804,6 +857,7 @@ mod tests {
     #[test]
     fn empty_snapshot_renders_every_section() {
         let snap = ScrapeSnapshot {
+            syncs: Default::default(),
             volumes: Vec::new(),
             clusters: vec![ClusterSnapshot {
                 name: "<c>".into(),
@@ -819,5 +873,65 @@ mod tests {
         assert!(html.contains("connect failed: auth (60 s ago)"), "{html}");
         assert!(!html.contains("<c>"), "{html}");
         assert!(html.contains("Collectors"), "{html}");
+    }
+
+    #[test]
+    fn the_servers_own_syncs_of_the_last_minute_or_why_not() {
+        let mut wal = crate::ebpf::Histogram::default();
+        // 98 WAL syncs up to 1 ms (bucket 12), two up to 68.1 ms (23).
+        wal.buckets[12] = 98;
+        wal.buckets[23] = 2;
+        wal.count = 100;
+        let kinds = [
+            wal,
+            crate::ebpf::Histogram::default(),
+            crate::ebpf::Histogram::default(),
+        ];
+        let mut syncs = crate::ebpf::SyncSnapshot {
+            running: true,
+            ..Default::default()
+        };
+        syncs.clusters.insert(
+            "<c>".into(),
+            crate::ebpf::ClusterSyncs {
+                traced: Ok(()),
+                kinds: Some(kinds.clone()),
+                recent: Some(kinds),
+            },
+        );
+        syncs.clusters.insert(
+            "far".into(),
+            crate::ebpf::ClusterSyncs {
+                traced: Err("not_local"),
+                kinds: None,
+                recent: None,
+            },
+        );
+        let snap = |syncs| ScrapeSnapshot {
+            syncs,
+            volumes: Vec::new(),
+            clusters: Vec::new(),
+            limits: LimitsSnapshot::default(),
+            audit: Default::default(),
+        };
+        let html = render(&snap(syncs), "/metrics", 0.0);
+        assert!(
+            html.contains(
+                "<tr><td>&lt;c&gt;</td><td><span class=\"ok\">yes</span></td>\
+                 <td class=\"n\">100</td><td class=\"n\">&le; 1.00 ms</td>\
+                 <td class=\"n\">&le; 68.1 ms</td><td class=\"n\">0</td><td class=\"n\">-</td></tr>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("no: not_local"), "{html}");
+        let off = crate::ebpf::SyncSnapshot {
+            off: Some(crate::ebpf::Off::Permission),
+            ..Default::default()
+        };
+        let html = render(&snap(off), "/metrics", 0.0);
+        assert!(
+            html.contains("Kernel tracing of PostgreSQL's own syncs is off: permission"),
+            "{html}"
+        );
     }
 }

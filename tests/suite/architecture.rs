@@ -22,6 +22,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("input", &[]),
     ("audit", &[]),
     ("model", &["types", "units"]),
+    ("ebpf", &["model"]),
     (
         "probe",
         &["model", "types", "units", "events", "sys", "errno"],
@@ -41,7 +42,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "exposition",
         &[
-            "families", "model", "types", "units", "probe", "postgres", "limits", "audit",
+            "families", "model", "types", "units", "probe", "postgres", "limits", "audit", "ebpf",
         ],
     ),
     (
@@ -58,6 +59,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "limits",
             "input",
             "errno",
+            "ebpf",
         ],
     ),
     (
@@ -77,6 +79,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         &[
             "audit",
             "config",
+            "ebpf",
             "exposition",
             "families",
             "http",

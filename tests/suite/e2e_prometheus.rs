@@ -1209,3 +1209,230 @@ fn audit_critical_alert_fires_on_a_tmpfs_volume() {
         "{rows:?}"
     );
 }
+
+/// The shipped rule files with their hour and week ranges shortened for a
+/// test (`[1h]` → `[20s]`, `[7d]` → `[10m]`, the 5-minute baseline groups
+/// evaluated every second) and `alert`'s `for:` shortened to `hold`.
+fn rules_with_short_history(dir: &std::path::Path, alert: &str, hold: &str) -> Vec<PathBuf> {
+    let shortened = rules_with_short_for(dir, alert, hold, None);
+    for path in &shortened {
+        let text = std::fs::read_to_string(path).unwrap();
+        let text = text
+            .replace("[1h]", "[20s]")
+            .replace("[7d]", "[10m]")
+            .replace("interval: 5m", "interval: 1s");
+        std::fs::write(path, text).unwrap();
+    }
+    shortened
+}
+
+/// Per-bucket counts of `pgstorage_pg_sync_seconds{cluster, kind}` in a
+/// scrape: (upper bound, cumulative count), ascending.
+fn sync_buckets(m: &str, cluster: &str, kind: &str) -> Vec<(f64, f64)> {
+    let prefix =
+        format!("pgstorage_pg_sync_seconds_bucket{{cluster=\"{cluster}\",kind=\"{kind}\",le=\"");
+    m.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (le, value) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, value.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The bucket bound of the nearest-rank `q` quantile of the syncs between
+/// two scrapes.
+fn quantile_between(before: &[(f64, f64)], after: &[(f64, f64)], q: f64) -> (f64, f64) {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .zip(before)
+        .map(|((le, a), (_, b))| (*le, a - b))
+        .collect();
+    let total = delta.last().map_or(0.0, |(_, n)| *n);
+    let rank = (q * total).ceil().max(1.0);
+    let bound = delta
+        .iter()
+        .find(|(_, n)| *n >= rank)
+        .map_or(f64::INFINITY, |(le, _)| *le);
+    (bound, total)
+}
+
+/// PostgreSQL 18 with its WAL on a loop device: the server's own WAL syncs,
+/// traced in the kernel, under pgbench uncapped (the baseline), then with
+/// the device capped at 100 write IOPS: the traced WAL p99 is 5 ms or more,
+/// and PgStoragePostgresWalSyncLatencyDrift, in a real Prometheus with the
+/// shipped rules (hour and week ranges shortened to 20 s and 10 min, `for:`
+/// to 10 s), goes pending, then fires for the cluster.
+#[test]
+fn postgres_wal_sync_drift_alert_fires_on_the_servers_own_p99_on_a_capped_wal_device() {
+    if !cfg!(feature = "bpf") {
+        common::cannot_run_current(
+            common::Part::Root,
+            "the test binary was built without the bpf feature",
+        );
+        return;
+    }
+    if !loopdev::can_run("the server's own WAL sync drift e2e test", true) {
+        return;
+    }
+    if !std::path::Path::new("/sys/kernel/tracing/events/syscalls").is_dir() {
+        let _ = Command::new("mount")
+            .args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"])
+            .status();
+    }
+    let mut fx = loopdev::LoopVolume::new(512 << 20, true);
+    let waldir = fx.mnt.join("pg_wal");
+    let group = fx.group("pgse-syncdrift", &[]);
+    let Some(stack) = Stack::builder()
+        .waldir(&waldir)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .setup(|pg| {
+            for (i, pid) in postgres_pids(pg.data_dir()).into_iter().enumerate() {
+                match std::fs::write(group.join("cgroup.procs"), &pid) {
+                    Ok(()) => {}
+                    Err(e) if i > 0 && e.raw_os_error() == Some(libc::ESRCH) => {}
+                    Err(e) => panic!("moving pid {pid}: {e}"),
+                }
+            }
+            pg.psql("CREATE TABLE ins(id bigserial PRIMARY KEY, v int)");
+        })
+        .cluster(
+            "c",
+            "mon",
+            "scrape_interval = \"1s\"\ndiscover_volumes = false\n",
+        )
+        .ready("cluster c traced", Duration::from_secs(30), |m| {
+            common::sample(m, "pgstorage_pg_sync_traced{cluster=\"c\",reason=\"ok\"}") == Some(1.0)
+        })
+        .start()
+    else {
+        return;
+    };
+    let (pg, ex) = (&stack.pg, &stack.ex);
+    let alert = "PgStoragePostgresWalSyncLatencyDrift";
+    let rules_dir = tempfile::tempdir().unwrap();
+    let rules = rules_with_short_history(rules_dir.path(), alert, "10s");
+    let prom = Prometheus::start_with_rules(ex.addr, &rules);
+    let state = || -> Option<String> {
+        let alerts = prom
+            .query(&format!("ALERTS{{alertname=\"{alert}\"}}"))
+            .unwrap();
+        alerts.first().map(|a| {
+            assert_eq!(a["metric"]["cluster"], "c", "{alerts:?}");
+            a["metric"]["alertstate"].as_str().unwrap().to_string()
+        })
+    };
+    let p99 = || -> Option<f64> {
+        prom.query(
+            "instance_cluster_kind:pgstorage_pg_sync_seconds:p99_1h{cluster=\"c\",kind=\"wal\"}",
+        )
+        .unwrap()
+        .first()
+        .and_then(|v| v["value"][1].as_str().unwrap().parse().ok())
+    };
+    let baseline = || -> Option<f64> {
+        prom.query(
+            "instance_cluster_kind:pgstorage_pg_sync_seconds:p99_1h:median_7d{cluster=\"c\",kind=\"wal\"}",
+        )
+        .unwrap()
+        .first()
+        .and_then(|v| v["value"][1].as_str().unwrap().parse().ok())
+    };
+    // Uncapped: the baseline.
+    let m0 = ex.metrics();
+    let mut child = pgbench_inserts_bg(pg, 40);
+    std::thread::sleep(Duration::from_secs(35));
+    assert_pgbench_running(&mut child, pg, "pgbench inserts, uncapped");
+    let m1 = ex.metrics();
+    let (uncapped_p99, uncapped_n) = quantile_between(
+        &sync_buckets(&m0, "c", "wal"),
+        &sync_buckets(&m1, "c", "wal"),
+        0.99,
+    );
+    eprintln!(
+        "uncapped: {uncapped_n} WAL syncs, p99 <= {:.2} ms; recorded p99 {:?}, baseline {:?}; \
+         alert {:?}; {}",
+        uncapped_p99 * 1e3,
+        p99(),
+        baseline(),
+        state(),
+        pgbench_stop(child)
+    );
+    assert_eq!(state(), None, "{alert} with no cap");
+
+    // Capped at 100 write IOPS.
+    fx.throttle(&group, "write_iops_device", 100);
+    let m2 = ex.metrics();
+    let mut child = pgbench_inserts_bg(pg, 120);
+    let start = Instant::now();
+    let mut states: Vec<String> = Vec::new();
+    while start.elapsed() < Duration::from_secs(100) {
+        std::thread::sleep(Duration::from_secs(2));
+        assert_pgbench_running(&mut child, pg, "pgbench inserts, 100 write IOPS");
+        if let Some(s) = state()
+            && states.last() != Some(&s)
+        {
+            eprintln!(
+                "capped (t={:.0}s): {alert} {s}; recorded p99 {:?}, baseline {:?}",
+                start.elapsed().as_secs_f64(),
+                p99(),
+                baseline()
+            );
+            states.push(s);
+        }
+        if states.last().is_some_and(|s| s == "firing") {
+            break;
+        }
+    }
+    let m3 = ex.metrics();
+    let (capped_p99, capped_n) = quantile_between(
+        &sync_buckets(&m2, "c", "wal"),
+        &sync_buckets(&m3, "c", "wal"),
+        0.99,
+    );
+    common::pg::report(&format!(
+        "WAL on a loop device: uncapped p99 <= {:.2} ms ({uncapped_n} syncs); capped at 100 \
+         write IOPS p99 <= {:.2} ms ({capped_n} syncs); {alert}: {}; {}",
+        uncapped_p99 * 1e3,
+        capped_p99 * 1e3,
+        states.join(" -> "),
+        pgbench_stop(child)
+    ));
+    assert!(capped_p99 >= 0.005, "capped WAL p99 {capped_p99}");
+    assert_eq!(
+        states,
+        ["pending", "firing"],
+        "{alert} on the capped WAL device"
+    );
+    drop(prom);
+    drop(stack);
+}
+
+/// pgbench's one-row INSERT script over the unix socket, 4 clients, in
+/// the background for at most `seconds`.
+fn pgbench_inserts_bg(pg: &PgServer, seconds: u32) -> Child {
+    let script = std::env::temp_dir().join(format!("pgse-ins-{}.sql", std::process::id()));
+    std::fs::write(&script, "INSERT INTO ins(v) VALUES (1);\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();
+    pgbench(
+        pg,
+        &[
+            "-n",
+            "-c",
+            "4",
+            "-j",
+            "4",
+            "-T",
+            &seconds.to_string(),
+            "-f",
+            script.to_str().unwrap(),
+        ],
+    )
+}

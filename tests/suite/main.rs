@@ -29,6 +29,7 @@ mod man_page;
 mod manifests;
 mod parsers_fuzz;
 mod pg_harness;
+mod pg_syncs;
 mod postgres;
 mod postgres_faults;
 mod reload;

@@ -38,3 +38,4 @@ mod startup;
 mod status_page;
 mod sweep_caps;
 mod web_config;
+mod web_toolkit;

@@ -631,3 +631,304 @@ fn every_exporter_toolkit_testdata_file_gets_the_toolkits_answer() {
     );
     assert!(failures.is_empty(), "differ: {failures:?}");
 }
+
+/// Runs the openssl CLI; panics with its stderr on failure.
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .output()
+        .expect("the openssl CLI is needed to make the test certificates");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A P-256 key and a certificate in `dir`: self-signed when `ca` is None
+/// (a CA when `is_ca`), else signed by `ca` (its name in `dir`), with the
+/// extensions given.
+fn make(dir: &Path, name: &str, ca: Option<&str>, is_ca: bool, ext: &str) -> (String, String) {
+    let crt = dir.join(format!("{name}.crt")).display().to_string();
+    let key = dir.join(format!("{name}.key")).display().to_string();
+    let ext_file = dir.join(format!("{name}.ext"));
+    let basic = if is_ca {
+        "basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n"
+    } else {
+        "basicConstraints=critical,CA:FALSE\n"
+    };
+    std::fs::write(&ext_file, format!("{basic}{ext}")).unwrap();
+    let ext_path = ext_file.display().to_string();
+    let subj = format!("/CN={name}");
+    match ca {
+        None => openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            &subj,
+            "-keyout",
+            &key,
+            "-out",
+            &crt,
+            "-extensions",
+            "v3",
+            "-config",
+            &{
+                let cfg = dir.join(format!("{name}.cnf"));
+                std::fs::write(
+                    &cfg,
+                    format!("[req]\ndistinguished_name=dn\n[dn]\n[v3]\n{basic}{ext}"),
+                )
+                .unwrap();
+                cfg.display().to_string()
+            },
+        ]),
+        Some(ca) => {
+            let csr = dir.join(format!("{name}.csr")).display().to_string();
+            openssl(&[
+                "req",
+                "-new",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-subj",
+                &subj,
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+            ]);
+            let ca_crt = dir.join(format!("{ca}.crt")).display().to_string();
+            let ca_key = dir.join(format!("{ca}.key")).display().to_string();
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &ca_crt,
+                "-CAkey",
+                &ca_key,
+                "-set_serial",
+                "7",
+                "-days",
+                "2",
+                "-extfile",
+                &ext_path,
+                "-out",
+                &crt,
+            ]);
+        }
+    }
+    (crt, key)
+}
+
+/// What a curl outcome was, for the log: the status, or curl's error.
+fn describe(g: &Got) -> String {
+    match g.status {
+        Some(s) => format!("HTTP {s}"),
+        None => g
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("curl:"))
+            .unwrap_or("no answer")
+            .to_string(),
+    }
+}
+
+/// Mutual TLS with `RequireAndVerifyClientCert`, checked with curl: no
+/// client certificate and one from another CA are refused in the
+/// handshake, the CA's own client is served; `client_allowed_sans` refuses
+/// that client until one of its names is listed. Each change is made by
+/// SIGHUP, as are a change of policy (`VerifyClientCertIfGiven`) and the
+/// response headers and rate limit.
+#[test]
+fn mutual_tls_with_curl_and_every_key_reloaded_by_sighup() {
+    if !need_curl() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (server_crt, _) = make(
+        d,
+        "server",
+        None,
+        false,
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    );
+    make(d, "ca", None, true, "");
+    make(d, "other-ca", None, true, "");
+    let client_ext = "subjectAltName=DNS:scraper.example,email:prom@example.org,\
+                      URI:spiffe://example.org/prometheus,IP:192.0.2.7\n\
+                      extendedKeyUsage=clientAuth\n";
+    let (good_crt, good_key) = make(d, "client", Some("ca"), false, client_ext);
+    let (bad_crt, bad_key) = make(d, "stranger", Some("other-ca"), false, client_ext);
+
+    let web = d.join("web.yml");
+    let write = |policy: &str, extra: &str| {
+        std::fs::write(
+            &web,
+            format!(
+                "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  \
+                 client_auth_type: {policy}\n  client_ca_file: ca.crt\n{extra}"
+            ),
+        )
+        .unwrap();
+    };
+    write("RequireAndVerifyClientCert", "");
+    let run = Run::start(d, &web);
+    let addr = run.addr.unwrap_or_else(|| panic!("refused: {}", run.log()));
+    let url = format!("https://127.0.0.1:{}/metrics", addr.port());
+    let get = |cert: Option<(&str, &str)>, extra: &[&str]| {
+        let mut args = vec!["--cacert", server_crt.as_str()];
+        if let Some((c, k)) = cert {
+            args.extend(["--cert", c, "--key", k]);
+        }
+        args.extend(extra);
+        // `-k` is not wanted here: curl checks the server against its
+        // certificate.
+        let out = Command::new("curl")
+            .args([
+                "-sS",
+                "-v",
+                "--max-time",
+                "20",
+                "-D",
+                "-",
+                "-o",
+                "/dev/null",
+            ])
+            .args(["-w", "\nstatus=%{http_code}\n"])
+            .args(&args)
+            .arg(&url)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        Got {
+            status: stdout
+                .lines()
+                .find_map(|l| l.strip_prefix("status="))
+                .and_then(|s| s.trim().parse().ok())
+                .filter(|s| *s != 0),
+            cipher: None,
+            head: stdout,
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    let good = Some((good_crt.as_str(), good_key.as_str()));
+    let stranger = Some((bad_crt.as_str(), bad_key.as_str()));
+    let expect = |what: &str, got: Got, want: Option<u16>| {
+        eprintln!("{what}: {}", describe(&got));
+        assert_eq!(got.status, want, "{what}: {}", got.stderr);
+        got
+    };
+
+    expect(
+        "RequireAndVerifyClientCert, no client certificate",
+        get(None, &[]),
+        None,
+    );
+    expect(
+        "RequireAndVerifyClientCert, a certificate from another CA",
+        get(stranger, &[]),
+        None,
+    );
+    expect(
+        "RequireAndVerifyClientCert, over TLS 1.2, a certificate from another CA",
+        get(stranger, &["--tls-max", "1.2"]),
+        None,
+    );
+    expect(
+        "RequireAndVerifyClientCert, the CA's client",
+        get(good, &[]),
+        Some(200),
+    );
+    expect(
+        "RequireAndVerifyClientCert, over TLS 1.2, the CA's client",
+        get(good, &["--tls-max", "1.2"]),
+        Some(200),
+    );
+
+    let reload = |n: usize| {
+        run.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while run.log().matches("web configuration reloaded").count() < n {
+            assert!(Instant::now() < deadline, "{}", run.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    write(
+        "RequireAndVerifyClientCert",
+        "  client_allowed_sans: [other.example, 192.0.2.8]\n",
+    );
+    reload(1);
+    expect(
+        "client_allowed_sans without the client's names, the CA's client",
+        get(good, &[]),
+        None,
+    );
+    for (n, san) in [
+        (2, "scraper.example"),
+        (3, "prom@example.org"),
+        (4, "spiffe://example.org/prometheus"),
+        (5, "192.0.2.7"),
+    ] {
+        write(
+            "RequireAndVerifyClientCert",
+            &format!("  client_allowed_sans: [other.example, \"{san}\"]\n"),
+        );
+        reload(n);
+        expect(
+            &format!("client_allowed_sans with {san}, the CA's client"),
+            get(good, &[]),
+            Some(200),
+        );
+        expect(
+            &format!("client_allowed_sans with {san}, no client certificate"),
+            get(None, &[]),
+            None,
+        );
+    }
+
+    write(
+        "VerifyClientCertIfGiven",
+        "http_server_config:\n  headers:\n    X-Frame-Options: deny\n\
+         rate_limit:\n  interval: 1h\n  burst: 3\n",
+    );
+    reload(6);
+    let got = expect(
+        "VerifyClientCertIfGiven, no client certificate",
+        get(None, &[]),
+        Some(200),
+    );
+    assert!(got.head.contains("x-frame-options: deny"), "{}", got.head);
+    expect(
+        "VerifyClientCertIfGiven, a certificate from another CA",
+        get(stranger, &[]),
+        None,
+    );
+    // The third request of a burst of 3 (the refused one above counted
+    // none: it never reached HTTP), then the bucket is empty.
+    expect(
+        "VerifyClientCertIfGiven, the CA's client",
+        get(good, &[]),
+        Some(200),
+    );
+    expect(
+        "VerifyClientCertIfGiven, the CA's client",
+        get(good, &[]),
+        Some(200),
+    );
+    let got = expect("rate_limit burst 3 spent", get(good, &[]), Some(429));
+    assert!(!got.head.contains("x-frame-options"), "{}", got.head);
+    run.stop();
+}

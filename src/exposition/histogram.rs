@@ -19,7 +19,7 @@ use crate::families::text::{self, Kind, Lines};
 use crate::model::buckets::probe_buckets;
 use crate::probe::counts::HistogramSnapshot;
 use crate::probe::state::{Snapshot, VolumeState};
-use crate::types::{Op, Phase};
+use crate::types::{Op, Phase, SERIES, series};
 
 pub(crate) const NAME: &str = "pgstorage_probe_seconds";
 pub(crate) const HELP: &str = "Latency of probe operations in seconds, measured by the exporter's own \
@@ -47,6 +47,22 @@ fn le(format: Format) -> &'static [String] {
     })
 }
 
+/// The `op="...",phase="..."` labels of each series, indexed by
+/// [`series`], rendered once: with the volume's label they are a row's.
+pub(super) fn series_labels() -> &'static [String; SERIES] {
+    static LABELS: OnceLock<[String; SERIES]> = OnceLock::new();
+    LABELS.get_or_init(|| {
+        let mut labels = std::array::from_fn(|_| String::new());
+        for op in Op::ALL {
+            for phase in Phase::ALL {
+                labels[series(op, phase)] =
+                    text::label_text(&[("op", op.as_str()), ("phase", phase.as_str())]);
+            }
+        }
+        labels
+    })
+}
+
 /// Appends the family for every volume's histograms.
 pub(crate) fn encode(
     out: &mut String,
@@ -57,7 +73,7 @@ pub(crate) fn encode(
     let rows = volumes.iter().flat_map(|(v, s)| {
         ops.iter().flat_map(move |&op| {
             Phase::ALL.into_iter().filter_map(move |phase| {
-                let h = s.histograms[crate::types::series(op, phase)].as_ref()?;
+                let h = s.histograms[series(op, phase)].as_ref()?;
                 Some((v.name.as_str(), op, phase, h))
             })
         })
@@ -71,17 +87,16 @@ type Row<'a> = (&'a str, Op, Phase, &'a HistogramSnapshot);
 fn write_rows<'a>(out: &mut String, format: Format, rows: impl IntoIterator<Item = Row<'a>>) {
     let le = le(format);
     let mut lines = Lines::new(out, format, Kind::Histogram, NAME, HELP);
+    // The volume's label escaped once for its rows.
+    let (mut vol, mut vol_text) = (None, String::new());
     let mut labels = String::new();
-    for (vol, op, phase, h) in rows {
-        labels.clear();
-        text::push_labels(
-            &mut labels,
-            &[
-                ("volume", vol),
-                ("op", op.as_str()),
-                ("phase", phase.as_str()),
-            ],
-        );
+    for (name, op, phase, h) in rows {
+        if vol != Some(name) {
+            vol = Some(name);
+            vol_text = text::label_text(&[("volume", name)]);
+        }
+        labels.clone_from(&vol_text);
+        text::push_label_text(&mut labels, &series_labels()[series(op, phase)]);
         let counts = h.buckets.iter().map(|(_, n)| *n);
         lines.histogram(&labels, le, counts, h.sum, h.count);
     }

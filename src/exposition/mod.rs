@@ -194,3 +194,131 @@ impl Collector for BuildInfo {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::views::io::{IoOp, IoRow};
+    use crate::postgres::{ClusterSnapshot, PgStats};
+    use crate::probe::settings::{ProbeSettings, VolumeSpec};
+    use crate::probe::state::VolumeState;
+    use crate::types::Phase;
+
+    /// 8 volumes, every op recorded 900 times in each phase.
+    fn full_volumes() -> Vec<(Arc<VolumeState>, crate::probe::state::Snapshot)> {
+        let now = std::time::Instant::now();
+        (0..8)
+            .map(|i| {
+                let spec = VolumeSpec {
+                    name: format!("pg{i}/data"),
+                    path: format!("/srv/pg{i}").into(),
+                    probe_dir: format!("/srv/pg{i}/probe").into(),
+                    probe: ProbeSettings::default(),
+                    provisioned: Vec::new(),
+                    cgroup: None,
+                };
+                let window = std::time::Duration::from_secs(900);
+                let v = Arc::new(VolumeState::new(&spec, window, Default::default()));
+                for k in 0..900 {
+                    for op in Op::ALL {
+                        for phase in Phase::ALL {
+                            v.record(op, phase, now, 1e-4 * f64::from(1 + k % 97));
+                        }
+                    }
+                }
+                let s = v.snapshot(now, &crate::model::WINDOW_QUANTILES);
+                (v, s)
+            })
+            .collect()
+    }
+
+    /// 2 clusters of 48 pg_stat_io rows with every op.
+    fn io_clusters() -> Vec<ClusterSnapshot> {
+        let ops = [
+            "read",
+            "write",
+            "writeback",
+            "extend",
+            "hit",
+            "eviction",
+            "reuse",
+            "fsync",
+        ];
+        let mut rows = Vec::new();
+        for backend_type in ["client backend", "autovacuum worker", "background writer"]
+            .into_iter()
+            .chain(["checkpointer", "walwriter", "background worker"])
+        {
+            for object in ["relation", "temp relation"] {
+                for context in ["normal", "vacuum", "bulkread", "bulkwrite"] {
+                    rows.push(IoRow {
+                        backend_type: backend_type.into(),
+                        object: object.into(),
+                        context: context.into(),
+                        ops: ops
+                            .iter()
+                            .map(|&op| IoOp {
+                                op,
+                                count: Some(12345.0),
+                                seconds: Some(1.25),
+                                bytes: Some(8192.0 * 12345.0),
+                            })
+                            .collect(),
+                    });
+                }
+            }
+        }
+        ["pga", "pgb"]
+            .into_iter()
+            .map(|name| ClusterSnapshot {
+                name: name.into(),
+                up: true,
+                stats: Some(Arc::new(PgStats {
+                    io: Some(rows.clone()),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// How long the families written line by line take on a large host: 8
+    /// volumes with every op split and full windows, 2 clusters of 48
+    /// pg_stat_io rows. A measurement to compare builds with, not a check:
+    /// `cargo test --release --lib -- --ignored --nocapture line_by_line_render_time`.
+    #[test]
+    #[ignore]
+    fn line_by_line_render_time() {
+        let (volumes, clusters) = (full_volumes(), io_clusters());
+        // Called through opaque pointers, out of line as `encode_into` calls
+        // them: inlined into this loop, how they are optimised would change
+        // from one build to the next and with it the figure.
+        type Volumes<'a> = &'a [(Arc<VolumeState>, crate::probe::state::Snapshot)];
+        let io: fn(&mut String, Format, &[ClusterSnapshot]) =
+            crate::postgres::views::io::encode_lines;
+        let hist: fn(&mut String, Format, Volumes, &[Op]) = histogram::encode;
+        let summ: fn(&mut String, Format, Volumes, &[Op]) = summary::encode;
+        let (io, hist, summ) = std::hint::black_box((io, hist, summ));
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let mut out = String::new();
+            let mut took = Vec::new();
+            for _ in 0..2000 {
+                out.clear();
+                let began = std::time::Instant::now();
+                io(&mut out, format, &clusters);
+                hist(&mut out, format, &volumes, &Op::ALL);
+                summ(&mut out, format, &volumes, &Op::ALL);
+                took.push(began.elapsed());
+            }
+            took.sort();
+            let lines = out.lines().count();
+            eprintln!(
+                "{format:?}: {lines} lines, {} bytes; p10 {:?}, median {:?}, p90 {:?}",
+                out.len(),
+                took[200],
+                took[1000],
+                took[1800]
+            );
+        }
+    }
+}

@@ -167,12 +167,13 @@ fn push_escaped(out: &mut String, v: &str) {
     out.push_str(&v[last..]);
 }
 
-/// Appends label pairs as they stand between the braces of a sample line,
-/// `k="v",k2="v2"`, values escaped: a row's labels, rendered once for all
-/// its samples.
+/// Appends label pairs to a label text (what stands between a sample
+/// line's braces, `k="v",k2="v2"`), after a comma if it holds labels
+/// already, values escaped: a row's labels, rendered once for all its
+/// samples.
 pub(crate) fn push_labels(out: &mut String, pairs: &[(&str, &str)]) {
-    for (i, (k, v)) in pairs.iter().enumerate() {
-        if i > 0 {
+    for (k, v) in pairs {
+        if !out.is_empty() {
             out.push(',');
         }
         out.push_str(k);
@@ -180,6 +181,16 @@ pub(crate) fn push_labels(out: &mut String, pairs: &[(&str, &str)]) {
         push_escaped(out, v);
         out.push('"');
     }
+}
+
+/// Appends a label text rendered earlier (by [`push_labels`]) to another,
+/// after a comma if both hold labels: a row's labels put together from
+/// parts rendered once for many rows.
+pub(crate) fn push_label_text(out: &mut String, text: &str) {
+    if !out.is_empty() && !text.is_empty() {
+        out.push(',');
+    }
+    out.push_str(text);
 }
 
 /// [`push_labels`] into a new String.
@@ -192,6 +203,7 @@ pub(crate) fn label_text(pairs: &[(&str, &str)]) -> String {
 /// Appends an f64 sample value as prometheus-client writes a counter's,
 /// gauge's or histogram sum's in each format (they differ only for NaN and
 /// the infinities).
+#[inline(always)]
 fn push_float(out: &mut String, buf: &mut dtoa::Buffer, format: Format, v: f64) {
     match format {
         Format::OpenMetrics => out.push_str(buf.format(v)),
@@ -199,20 +211,6 @@ fn push_float(out: &mut String, buf: &mut dtoa::Buffer, format: Format, v: f64) 
         Format::Prometheus if v.is_nan() => out.push_str("NaN"),
         Format::Prometheus if v > 0.0 => out.push_str("+Inf"),
         Format::Prometheus => out.push_str("-Inf"),
-    }
-}
-
-/// `{a,b}` of the non-empty pre-rendered label lists, nothing when all are
-/// empty: prometheus-client writes no braces for a sample without labels.
-fn push_braced(out: &mut String, lists: &[&str]) {
-    let mut open = false;
-    for l in lists.iter().filter(|l| !l.is_empty()) {
-        out.push(if open { ',' } else { '{' });
-        out.push_str(l);
-        open = true;
-    }
-    if open {
-        out.push('}');
     }
 }
 
@@ -226,8 +224,10 @@ pub(crate) struct Lines<'o> {
     name: &'static str,
     floats: dtoa::Buffer,
     ints: itoa::Buffer,
-    /// A summary's `quantile="..."`, kept to spare an allocation per line.
-    quantile: String,
+    /// A histogram row's text before and after each bucket's `le`, a
+    /// summary row's before each quantile.
+    head: String,
+    tail: String,
 }
 
 impl fmt::Debug for Lines<'_> {
@@ -254,32 +254,45 @@ impl<'o> Lines<'o> {
             name,
             floats: dtoa::Buffer::new(),
             ints: itoa::Buffer::new(),
-            quantile: String::new(),
+            head: String::new(),
+            tail: String::new(),
         }
     }
 
-    /// `<name><suffix>{<lists>} <v>`
-    fn float(&mut self, suffix: &str, lists: &[&str], v: f64) {
-        self.out.push_str(self.name);
-        self.out.push_str(suffix);
-        push_braced(self.out, lists);
-        self.out.push(' ');
+    /// `<name><suffix>{<labels>} `, without braces when there are no
+    /// labels, as prometheus-client writes such a sample.
+    #[inline(always)]
+    fn start(&mut self, suffix: &str, labels: &str) {
+        let out = &mut *self.out;
+        out.push_str(self.name);
+        out.push_str(suffix);
+        if !labels.is_empty() {
+            out.push('{');
+            out.push_str(labels);
+            out.push('}');
+        }
+        out.push(' ');
+    }
+
+    /// A histogram's or summary's `_sum`.
+    #[inline(always)]
+    fn sum(&mut self, labels: &str, v: f64) {
+        self.start("_sum", labels);
         push_float(self.out, &mut self.floats, self.format, v);
         self.out.push('\n');
     }
 
-    /// `<name><suffix>{<lists>} <n>`
-    fn int(&mut self, suffix: &str, lists: &[&str], n: u64) {
-        self.out.push_str(self.name);
-        self.out.push_str(suffix);
-        push_braced(self.out, lists);
-        self.out.push(' ');
+    /// A histogram's or summary's `_count`.
+    #[inline(always)]
+    fn count(&mut self, labels: &str, n: u64) {
+        self.start("_count", labels);
         self.out.push_str(self.ints.format(n));
         self.out.push('\n');
     }
 
     /// A counter sample, `<name>_total{<row>,<own>} <v>`: the row's shared
     /// labels as text, the sample's own as pairs (escaped here).
+    #[inline(always)]
     pub(crate) fn counter(&mut self, row: &str, own: &[(&str, &str)], v: f64) {
         let out = &mut *self.out;
         out.push_str(self.name);
@@ -318,23 +331,48 @@ impl<'o> Lines<'o> {
     ) {
         let om = self.format == Format::OpenMetrics;
         if om {
-            self.float("_sum", &[labels], sum);
-            self.int("_count", &[labels], count);
+            self.sum(labels, sum);
+            self.count(labels, count);
         }
+        // What every bucket line of the row has before and after its `le`,
+        // built once for the row's 38 lines: `<name>_bucket{<labels>,` and
+        // `} ` in the Prometheus text format, `<name>_bucket{` and
+        // `,<labels>} ` in OpenMetrics (which puts `le` first).
+        let (head, tail) = (&mut self.head, &mut self.tail);
+        head.clear();
+        head.push_str(self.name);
+        head.push_str("_bucket{");
+        tail.clear();
+        match (om, labels.is_empty()) {
+            (_, true) => {}
+            (false, false) => {
+                head.push_str(labels);
+                head.push(',');
+            }
+            (true, false) => {
+                tail.push(',');
+                tail.push_str(labels);
+            }
+        }
+        tail.push_str("} ");
         let mut cumulative = 0u64;
         for (n, le) in counts.into_iter().zip(le) {
             cumulative += n;
-            let lists = if om { [le, labels] } else { [labels, le] };
-            self.int("_bucket", &lists, cumulative);
+            self.out.push_str(head);
+            self.out.push_str(le);
+            self.out.push_str(tail);
+            self.out.push_str(self.ints.format(cumulative));
+            self.out.push('\n');
         }
         if !om {
-            self.float("_sum", &[labels], sum);
-            self.int("_count", &[labels], count);
+            self.sum(labels, sum);
+            self.count(labels, count);
         }
     }
 
-    /// One summary: a `quantile` sample per (quantile label, value), then
-    /// its sum and count.
+    /// One summary: a sample per (`quantile="..."` label text, value),
+    /// then its sum and count. The quantile labels are text from
+    /// [`label_text`], rendered once for all rows.
     pub(crate) fn summary<'q>(
         &mut self,
         labels: &str,
@@ -342,15 +380,24 @@ impl<'o> Lines<'o> {
         sum: f64,
         count: u64,
     ) {
-        let mut q = std::mem::take(&mut self.quantile);
-        for (label, v) in quantiles {
-            q.clear();
-            push_labels(&mut q, &[("quantile", label)]);
-            self.float("", &[labels, &q], v);
+        // As for a histogram's buckets: `<name>{<labels>,` built once.
+        let head = &mut self.head;
+        head.clear();
+        head.push_str(self.name);
+        head.push('{');
+        if !labels.is_empty() {
+            head.push_str(labels);
+            head.push(',');
         }
-        self.quantile = q;
-        self.float("_sum", &[labels], sum);
-        self.int("_count", &[labels], count);
+        for (quantile, v) in quantiles {
+            self.out.push_str(head);
+            self.out.push_str(quantile);
+            self.out.push_str("} ");
+            push_float(self.out, &mut self.floats, self.format, v);
+            self.out.push('\n');
+        }
+        self.sum(labels, sum);
+        self.count(labels, count);
     }
 }
 
@@ -532,7 +579,8 @@ mod tests {
             let mut got = String::new();
             let labels = label_text(&[("volume", TRICKY)]);
             let mut f = Lines::new(&mut got, format, Kind::Summary, "x_window_seconds", HELP);
-            f.summary(&labels, q.into_iter().zip(VALUES), 1.5, 4);
+            let q: Vec<String> = q.iter().map(|q| label_text(&[("quantile", q)])).collect();
+            f.summary(&labels, q.iter().map(String::as_str).zip(VALUES), 1.5, 4);
             f.summary("", [], 0.0, 0);
             let want = gauge_text.replacen(
                 "# TYPE x_window_seconds gauge\n",

@@ -8,7 +8,7 @@
 
 use crate::families::gauge;
 
-use super::ScrapeSnapshot;
+use super::snapshot::ScrapeSnapshot;
 
 type Enc<'a, 'b> = &'a mut prometheus_client::encoding::DescriptorEncoder<'b>;
 

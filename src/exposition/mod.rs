@@ -1,19 +1,16 @@
 //! Prometheus exposition: what `/metrics` serves. Nothing here does IO on a
 //! probed disk or waits on PostgreSQL; a scrape encodes what is in memory.
 //!
-//! One path for every series: prometheus-client's encoder. The long-lived
-//! registry holds the exporter's own counters (config reloads), the build
-//! info and the process collector; each scrape adds one [`Scrape`]
-//! collector over ONE snapshot of the volumes, clusters and limits, so the
-//! quantiles, sample counts, ceilings and PostgreSQL figures of a scrape
-//! always agree. Three kinds of family are written line by line, after the
-//! registry, from the same snapshot: the window summary ([`summary`];
-//! prometheus-client has no summary type), the probe histograms
-//! ([`histogram`]; their constant bucket labels are formatted once instead
-//! of on every line of every scrape) and the three pg_stat_io families
-//! (`families::counter_lines`; each row's labels rendered once for all its
-//! samples). The last two take their HELP/TYPE lines from
-//! prometheus-client and are held to its text by unit tests.
+//! The long-lived registry holds the exporter's own counters (config
+//! reloads), the build info and the process collector; each scrape adds
+//! one [`Scrape`] collector over ONE [`ScrapeSnapshot`] of the volumes,
+//! clusters and limits, so the quantiles, sample counts, ceilings and
+//! PostgreSQL figures of a scrape always agree. Three kinds of family are
+//! written line by line, after the registry, from the same snapshot: the
+//! window summary ([`summary`]), the probe histograms ([`histogram`]) and
+//! the three pg_stat_io families. All text, the registry's included, goes
+//! through `families::text`, the one writer that takes HELP/TYPE lines
+//! from prometheus-client and is held to its output by unit tests.
 
 pub(crate) mod audit;
 pub(crate) mod config;
@@ -27,6 +24,7 @@ pub(crate) mod limits;
 pub(crate) mod probe;
 pub(crate) mod process;
 pub(crate) mod render;
+pub(crate) mod snapshot;
 pub(crate) mod summary;
 pub(crate) mod syncs;
 
@@ -37,11 +35,12 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 pub(crate) use crate::families::Format;
-use crate::limits::{LimitsSnapshot, LimitsState};
-use crate::postgres::{ClusterSet, ClusterSnapshot};
+use crate::families::text;
+use crate::limits::LimitsState;
+use crate::postgres::ClusterSet;
 use crate::probe::set::VolumeSet;
-use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Collectors, Op};
+pub(crate) use snapshot::ScrapeSnapshot;
 
 /// Everything the exporter exposes. The daemon owns the volume set, the
 /// cluster set and the limits state; this only reads them.
@@ -61,16 +60,6 @@ pub(crate) struct Metrics {
     /// The previous body's length: the next one is about as long, and
     /// growing a 500 KB String from a small start copies it several times.
     last_len: std::sync::atomic::AtomicUsize,
-}
-
-/// One scrape's state, taken once.
-#[derive(Debug)]
-pub(crate) struct ScrapeSnapshot {
-    pub(crate) volumes: Vec<(Arc<VolumeState>, Snapshot)>,
-    pub(crate) clusters: Vec<ClusterSnapshot>,
-    pub(crate) limits: LimitsSnapshot,
-    pub(crate) audit: crate::audit::AuditSnapshot,
-    pub(crate) syncs: crate::ebpf::SyncSnapshot,
 }
 
 impl Metrics {
@@ -129,46 +118,13 @@ impl Metrics {
 
     /// Takes the one snapshot a scrape encodes.
     pub(crate) fn snapshot(&self) -> ScrapeSnapshot {
-        let now = std::time::Instant::now();
-        let volumes: Vec<_> = self
-            .volumes
-            .list()
-            .into_iter()
-            .map(|v| {
-                let s = v.snapshot(now, &crate::model::WINDOW_QUANTILES);
-                (v, s)
-            })
-            .collect();
-        let clusters = self.clusters.snapshots();
-        let mut limits = self.limits.snapshot();
-        limits.retain_current(
-            &volumes
-                .iter()
-                .map(|(v, _)| v.name.as_str())
-                .collect::<Vec<_>>(),
-            &clusters.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-        );
-        let mut audit = self.audit.snapshot();
-        // Like the limits: a volume or cluster removed by a reload loses
-        // its findings at once, not at the next audit pass.
-        // The report is shared with the audit state: it is copied only when
-        // something has to go (right after a reload), not on every scrape.
-        if let Some(r) = audit.last.as_mut() {
-            let volume_gone = |(n, _): &(String, _)| !volumes.iter().any(|(v, _)| &v.name == n);
-            let cluster_gone = |(n, _): &(String, _)| !clusters.iter().any(|c| &c.name == n);
-            if r.volumes.iter().any(volume_gone) || r.clusters.iter().any(cluster_gone) {
-                let r = Arc::make_mut(r);
-                r.volumes.retain(|e| !volume_gone(e));
-                r.clusters.retain(|e| !cluster_gone(e));
-            }
-        }
-        ScrapeSnapshot {
-            volumes,
-            clusters,
-            limits,
-            audit,
-            syncs: self.syncs.snapshot(),
-        }
+        ScrapeSnapshot::take(
+            &self.volumes,
+            &self.clusters,
+            &self.limits,
+            &self.audit,
+            &self.syncs,
+        )
     }
 
     /// Encodes the current state into `out`, which is cleared first. A
@@ -188,23 +144,12 @@ impl Metrics {
         scrape.register_collector(Box::new(Scrape(snap.clone(), self.ops)));
         let last = self.last_len.load(std::sync::atomic::Ordering::Relaxed);
         out.reserve(last + last / 8);
-        match format {
-            Format::OpenMetrics => {
-                prometheus_client::encoding::text::encode_registry(out, &self.registry)?;
-                prometheus_client::encoding::text::encode_registry(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
-                histogram::encode(out, format, &snap.volumes, self.ops);
-                summary::encode(out, &snap.volumes, self.ops);
-                prometheus_client::encoding::text::encode_eof(out)?;
-            }
-            Format::Prometheus => {
-                prometheus_client::encoding::prometheus_text::encode(out, &self.registry)?;
-                prometheus_client::encoding::prometheus_text::encode(out, &scrape)?;
-                crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
-                histogram::encode(out, format, &snap.volumes, self.ops);
-                summary::encode(out, &snap.volumes, self.ops);
-            }
-        }
+        text::registry(out, format, &self.registry)?;
+        text::registry(out, format, &scrape)?;
+        crate::postgres::views::io::encode_lines(out, format, &snap.clusters);
+        histogram::encode(out, format, &snap.volumes, self.ops);
+        summary::encode(out, format, &snap.volumes, self.ops);
+        text::finish(out, format)?;
         self.last_len
             .store(out.len(), std::sync::atomic::Ordering::Relaxed);
         // Observed after the body is complete, so it shows in the next
@@ -262,5 +207,133 @@ impl Collector for BuildInfo {
                 1.0,
             )],
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::postgres::views::rows::{IoOp, IoRow};
+    use crate::postgres::{ClusterSnapshot, PgStats};
+    use crate::probe::settings::{ProbeSettings, VolumeSpec};
+    use crate::probe::state::VolumeState;
+    use crate::types::Phase;
+
+    /// 8 volumes, every op recorded 900 times in each phase.
+    fn full_volumes() -> Vec<(Arc<VolumeState>, crate::probe::state::Snapshot)> {
+        let now = std::time::Instant::now();
+        (0..8)
+            .map(|i| {
+                let spec = VolumeSpec {
+                    name: format!("pg{i}/data"),
+                    path: format!("/srv/pg{i}").into(),
+                    probe_dir: format!("/srv/pg{i}/probe").into(),
+                    probe: ProbeSettings::default(),
+                    provisioned: Vec::new(),
+                    cgroup: None,
+                };
+                let window = std::time::Duration::from_secs(900);
+                let v = Arc::new(VolumeState::new(&spec, window, Default::default()));
+                for k in 0..900 {
+                    for op in Op::ALL {
+                        for phase in Phase::ALL {
+                            v.record(op, phase, now, 1e-4 * f64::from(1 + k % 97));
+                        }
+                    }
+                }
+                let s = v.snapshot(now, &crate::model::WINDOW_QUANTILES);
+                (v, s)
+            })
+            .collect()
+    }
+
+    /// 2 clusters of 48 pg_stat_io rows with every op.
+    fn io_clusters() -> Vec<ClusterSnapshot> {
+        let ops = [
+            "read",
+            "write",
+            "writeback",
+            "extend",
+            "hit",
+            "eviction",
+            "reuse",
+            "fsync",
+        ];
+        let mut rows = Vec::new();
+        for backend_type in ["client backend", "autovacuum worker", "background writer"]
+            .into_iter()
+            .chain(["checkpointer", "walwriter", "background worker"])
+        {
+            for object in ["relation", "temp relation"] {
+                for context in ["normal", "vacuum", "bulkread", "bulkwrite"] {
+                    rows.push(IoRow {
+                        backend_type: backend_type.into(),
+                        object: object.into(),
+                        context: context.into(),
+                        ops: ops
+                            .iter()
+                            .map(|&op| IoOp {
+                                op,
+                                count: Some(12345.0),
+                                seconds: Some(1.25),
+                                bytes: Some(8192.0 * 12345.0),
+                            })
+                            .collect(),
+                    });
+                }
+            }
+        }
+        ["pga", "pgb"]
+            .into_iter()
+            .map(|name| ClusterSnapshot {
+                name: name.into(),
+                up: true,
+                stats: Some(Arc::new(PgStats {
+                    io: Some(rows.clone()),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// How long the families written line by line take on a large host: 8
+    /// volumes with every op split and full windows, 2 clusters of 48
+    /// pg_stat_io rows. A measurement to compare builds with, not a check:
+    /// `cargo test --release --lib -- --ignored --nocapture line_by_line_render_time`.
+    #[test]
+    #[ignore]
+    fn line_by_line_render_time() {
+        let (volumes, clusters) = (full_volumes(), io_clusters());
+        // Called through opaque pointers, out of line as `encode_into` calls
+        // them: inlined into this loop, how they are optimised would change
+        // from one build to the next and with it the figure.
+        type Volumes<'a> = &'a [(Arc<VolumeState>, crate::probe::state::Snapshot)];
+        let io: fn(&mut String, Format, &[ClusterSnapshot]) =
+            crate::postgres::views::io::encode_lines;
+        let hist: fn(&mut String, Format, Volumes, &[Op]) = histogram::encode;
+        let summ: fn(&mut String, Format, Volumes, &[Op]) = summary::encode;
+        let (io, hist, summ) = std::hint::black_box((io, hist, summ));
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let mut out = String::new();
+            let mut took = Vec::new();
+            for _ in 0..2000 {
+                out.clear();
+                let began = std::time::Instant::now();
+                io(&mut out, format, &clusters);
+                hist(&mut out, format, &volumes, &Op::ALL);
+                summ(&mut out, format, &volumes, &Op::ALL);
+                took.push(began.elapsed());
+            }
+            took.sort();
+            let lines = out.lines().count();
+            eprintln!(
+                "{format:?}: {lines} lines, {} bytes; p10 {:?}, median {:?}, p90 {:?}",
+                out.len(),
+                took[200],
+                took[1000],
+                took[1800]
+            );
+        }
     }
 }

@@ -1,99 +1,53 @@
-//! The window quantiles as a Prometheus summary, the one family written by
-//! hand: prometheus-client has no summary type, and a gauge with a
-//! `quantile` label is rejected by `promtool check metrics`; precomputed
-//! quantiles over a window are exactly what the summary type means. The
-//! lines use the syntax common to the Prometheus text format and
-//! OpenMetrics, and label values are escaped as both require.
+//! The window quantiles as a Prometheus summary: prometheus-client has no
+//! summary type, and a gauge with a `quantile` label is rejected by
+//! `promtool check metrics`; precomputed quantiles over a window are
+//! exactly what the summary type means. Written by `families::text`, like
+//! the other families written line by line.
 
-use std::fmt::Write;
 use std::sync::Arc;
 
+use crate::families::Format;
+use crate::families::text::{Kind, Lines, label_text, push_label_text};
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Op, Phase, series};
 
 const QUANTILE_LABELS: [&str; 5] = ["0.5", "0.9", "0.99", "0.999", "1"];
 
-/// Escapes a label value (backslash, double quote, newline).
-pub(crate) fn escape(v: &str) -> String {
-    let mut out = String::with_capacity(v.len());
-    crate::families::push_escaped(&mut out, v);
-    out
-}
-
-/// A sample value as prometheus-client writes one (dtoa, shortest form).
-pub(super) fn push_float(out: &mut String, buf: &mut dtoa::Buffer, v: f64) {
-    if v.is_finite() {
-        out.push_str(buf.format_finite(v));
-    } else {
-        // Latencies are finite; keep the line valid anyway.
-        out.push_str("NaN");
-    }
-}
-
-fn summary_header(out: &mut String, name: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}");
-    let _ = writeln!(out, "# TYPE {name} summary");
-}
+const NAME: &str = "pgstorage_probe_window_seconds";
+const HELP: &str = "Exact quantiles of probe latency over the sliding window (config key window, default \
+    15m), in seconds; quantile=1 is the maximum. Computed from samples in memory at scrape \
+    time; quantiles are absent while the window holds no sample. _sum and _count are \
+    cumulative since start, as for any summary. phase=busy: the recorded part of each \
+    burst of back-to-back probes (the second half of its commits, or whole throttle cycles \
+    where it met a throttle; its reads over an 8 ms span after a warm-up); phase=after_idle: the lone probe of each interval.";
 
 /// Appends `pgstorage_probe_window_seconds` for every volume.
-pub(crate) fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)], ops: &[Op]) {
-    summary_header(
-        out,
-        "pgstorage_probe_window_seconds",
-        "Exact quantiles of probe latency over the sliding window (config key window, default \
-         15m), in seconds; quantile=1 is the maximum. Computed from samples in memory at scrape \
-         time; quantiles are absent while the window holds no sample. _sum and _count are \
-         cumulative since start, as for any summary. phase=busy: the recorded part of each \
-         burst of back-to-back probes (the second half of its commits, or whole throttle cycles \
-         where it met a throttle; its reads over an 8 ms span after a warm-up); phase=after_idle: the lone probe of each interval.",
-    );
-    // Written with push_str and dtoa rather than format!: 8 volumes make
-    // 448 lines of floats, and core::fmt's float path was a tenth of the
-    // exporter's CPU during scrapes.
-    const NAME: &str = "pgstorage_probe_window_seconds";
-    let mut floats = dtoa::Buffer::new();
-    let mut ints = itoa::Buffer::new();
+pub(crate) fn encode(
+    out: &mut String,
+    format: Format,
+    volumes: &[(Arc<VolumeState>, Snapshot)],
+    ops: &[Op],
+) {
+    let mut lines = Lines::new(out, format, Kind::Summary, NAME, HELP);
+    let quantile_labels = QUANTILE_LABELS.map(|q| label_text(&[("quantile", q)]));
     let mut labels = String::new();
     for (v, s) in volumes {
-        let vol = escape(&v.name);
+        let vol = label_text(&[("volume", v.name.as_str())]);
         for &op in ops {
             for phase in Phase::ALL {
                 let i = series(op, phase);
                 if s.count[i] == 0 {
                     continue;
                 }
-                labels.clear();
-                labels.push_str("volume=\"");
-                labels.push_str(&vol);
-                labels.push_str("\",op=\"");
-                labels.push_str(op.as_str());
-                labels.push_str("\",phase=\"");
-                labels.push_str(phase.as_str());
-                labels.push('"');
-                if let Some(qs) = &s.quantiles[i] {
-                    for (label, value) in QUANTILE_LABELS.iter().zip(qs) {
-                        out.push_str(NAME);
-                        out.push('{');
-                        out.push_str(&labels);
-                        out.push_str(",quantile=\"");
-                        out.push_str(label);
-                        out.push_str("\"} ");
-                        push_float(out, &mut floats, *value);
-                        out.push('\n');
-                    }
-                }
-                out.push_str(NAME);
-                out.push_str("_sum{");
-                out.push_str(&labels);
-                out.push_str("} ");
-                push_float(out, &mut floats, s.sum[i]);
-                out.push('\n');
-                out.push_str(NAME);
-                out.push_str("_count{");
-                out.push_str(&labels);
-                out.push_str("} ");
-                out.push_str(ints.format(s.count[i]));
-                out.push('\n');
+                labels.clone_from(&vol);
+                push_label_text(&mut labels, &super::histogram::series_labels()[i]);
+                let quantiles = s.quantiles[i].iter().flat_map(|qs| {
+                    quantile_labels
+                        .iter()
+                        .map(String::as_str)
+                        .zip(qs.iter().copied())
+                });
+                lines.summary(&labels, quantiles, s.sum[i], s.count[i]);
             }
         }
     }
@@ -102,10 +56,50 @@ pub(crate) fn encode(out: &mut String, volumes: &[(Arc<VolumeState>, Snapshot)],
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::probe::settings::{ProbeSettings, VolumeSpec};
 
+    /// Each row is the volume's escaped label, then op and phase, then the
+    /// quantile; a series without any sample is left out.
     #[test]
-    fn escapes_label_values() {
-        assert_eq!(escape(r#"/srv/a"b\c"#), r#"/srv/a\"b\\c"#);
-        assert_eq!(escape("x\ny"), "x\\ny");
+    fn rows_in_both_formats() {
+        let spec = VolumeSpec {
+            name: "a\"b".into(),
+            path: "/srv/a".into(),
+            probe_dir: "/srv/a/probe".into(),
+            probe: ProbeSettings::default(),
+            provisioned: Vec::new(),
+            cgroup: None,
+        };
+        let window = std::time::Duration::from_secs(60);
+        let v = Arc::new(VolumeState::new(&spec, window, Default::default()));
+        let now = std::time::Instant::now();
+        for s in [0.001, 0.002, 0.004] {
+            v.record(Op::Commit, Phase::Busy, now, s);
+        }
+        let snap = v.snapshot(now, &crate::model::WINDOW_QUANTILES);
+        for format in [Format::Prometheus, Format::OpenMetrics] {
+            let mut out = String::new();
+            encode(
+                &mut out,
+                format,
+                &[(v.clone(), snap.clone())],
+                &[Op::Commit],
+            );
+            let labels = r#"volume="a\"b",op="commit",phase="busy""#;
+            for want in [
+                format!("# TYPE {NAME} summary\n"),
+                format!("{NAME}{{{labels},quantile=\"0.5\"}} 0.002\n"),
+                format!("{NAME}{{{labels},quantile=\"1\"}} 0.004\n"),
+                format!("{NAME}_sum{{{labels}}} 0.007\n"),
+                format!("{NAME}_count{{{labels}}} 3\n"),
+            ] {
+                assert!(
+                    out.contains(&want),
+                    "{format:?}: {want} missing from\n{out}"
+                );
+            }
+            assert!(!out.contains("phase=\"after_idle\""), "{out}");
+            assert_eq!(out.lines().count(), 2 + 5 + 2, "{out}");
+        }
     }
 }

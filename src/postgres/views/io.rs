@@ -6,7 +6,8 @@
 //! read_bytes, write_bytes and extend_bytes, because WAL rows (new in 18,
 //! object 'wal') move variable amounts.
 
-use crate::families::{self, Format};
+use crate::families::Format;
+use crate::families::text::{Kind, Lines, label_text};
 use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
 use crate::postgres::snapshot::ClusterSnapshot;
 use crate::postgres::views::rows::{IoOp, IoRow};
@@ -124,16 +125,16 @@ pub(crate) fn strip_untimed(mut rows: Vec<IoRow>, io_timing: bool, wal_timing: b
 }
 
 /// Appends the three pg_stat_io families of all clusters (nothing with no
-/// cluster configured, like every `pgstorage_pg_*` family). Written with
-/// [`families::counter_lines`], not through the scrape's encoder: with
-/// every row and op these are most of a large scrape's series, and each
-/// row's four labels are rendered once for its up to 24 samples.
+/// cluster configured, like every `pgstorage_pg_*` family). Written line by
+/// line (`families::text`), not through the scrape's encoder: with every
+/// row and op these are most of a large scrape's series, and each row's
+/// four labels are rendered once for its up to 24 samples.
 pub(crate) fn encode_lines(out: &mut String, format: Format, clusters: &[ClusterSnapshot]) {
     if clusters.is_empty() {
         return;
     }
     type Get = fn(&IoOp) -> Option<f64>;
-    let families: [(&str, Get, &str); 3] = [
+    let families: [(&'static str, Get, &'static str); 3] = [
         (
             "pgstorage_pg_io_operations",
             |o| o.count,
@@ -155,7 +156,7 @@ pub(crate) fn encode_lines(out: &mut String, format: Format, clusters: &[Cluster
         .flat_map(|c| {
             let rows = c.stats.iter().flat_map(|s| s.io.iter().flatten());
             rows.map(|r| {
-                let labels = families::label_text(&[
+                let labels = label_text(&[
                     ("cluster", c.name.as_str()),
                     ("backend_type", r.backend_type.as_str()),
                     ("object", r.object.as_str()),
@@ -166,17 +167,14 @@ pub(crate) fn encode_lines(out: &mut String, format: Format, clusters: &[Cluster
         })
         .collect();
     for (base, get, help) in families {
-        families::counter_lines(
-            out,
-            format,
-            base,
-            help,
-            rows.iter().flat_map(|(labels, r)| {
-                r.ops
-                    .iter()
-                    .filter_map(move |o| Some((labels.as_str(), [("op", o.op)], get(o)?)))
-            }),
-        );
+        let mut lines = Lines::new(out, format, Kind::Counter, base, help);
+        for (labels, r) in &rows {
+            for o in &r.ops {
+                if let Some(v) = get(o) {
+                    lines.counter(labels, &[("op", o.op)], v);
+                }
+            }
+        }
     }
 }
 

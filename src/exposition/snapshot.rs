@@ -59,12 +59,18 @@ impl ScrapeSnapshot {
                 r.clusters.retain(|e| !cluster_gone(e));
             }
         }
+        // The tracing thread learns of a reload's clusters within a second;
+        // a removed cluster leaves the scrape at once, as with the limits.
+        let mut syncs = syncs.snapshot();
+        syncs
+            .clusters
+            .retain(|name, _| clusters.iter().any(|c| &c.name == name));
         ScrapeSnapshot {
             volumes,
             clusters,
             limits,
             audit,
-            syncs: syncs.snapshot(),
+            syncs,
         }
     }
 }

@@ -8,11 +8,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// Why the collector is off. Each is one value of the `reason` label.
-// `NotBuilt` only without the `bpf` feature, the others only with it.
-#[allow(dead_code)]
+/// `NotBuilt` is made only without the `bpf` feature, `Load` only with it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Off {
     /// Built without the `bpf` cargo feature.
+    #[cfg_attr(feature = "bpf", allow(dead_code))]
     NotBuilt,
     /// Neither root nor CAP_BPF + CAP_PERFMON (nor CAP_SYS_ADMIN).
     Permission,
@@ -26,6 +26,7 @@ pub(crate) enum Off {
     /// CONFIG_DEBUG_INFO_BTF): the field offsets are relocated with it.
     Btf,
     /// The kernel refused a map or a program, or an attach failed.
+    #[cfg_attr(not(feature = "bpf"), allow(dead_code))]
     Load,
 }
 

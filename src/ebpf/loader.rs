@@ -190,7 +190,7 @@ impl Tracer {
             (Ok(p), Ok(d)) => (p, d),
             (Err(e), _) | (_, Err(e)) => {
                 if had_pid.is_some() {
-                    self.drop_procs(index);
+                    drop_cluster(&mut self.procs, index);
                     if let Some(s) = self.slots.get_mut(name) {
                         s.postmaster = None;
                     }
@@ -203,7 +203,7 @@ impl Tracer {
         }
         if had_pid != Some(pid) {
             // A new postmaster (a restart): its old processes are gone.
-            self.drop_procs(index);
+            drop_cluster(&mut self.procs, index);
             // The postmaster first: from then on the kernel adds what it
             // forks, so a backend forked while /proc is read is not missed.
             let _ = self.procs.insert(pid, index, 0);
@@ -221,7 +221,7 @@ impl Tracer {
     }
 
     fn set_dirs(&mut self, index: u32, d: &Dirs) {
-        self.drop_db_parents(index);
+        drop_cluster(&mut self.db_parents, index);
         for (dev, ino) in &d.db_parents {
             let _ = self.db_parents.insert([*dev, *ino], index, 0);
         }
@@ -229,35 +229,9 @@ impl Tracer {
         let _ = self.clusters.set(index, value, 0);
     }
 
-    fn drop_db_parents(&mut self, index: u32) {
-        let stale: Vec<[u64; 2]> = self
-            .db_parents
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, v)| *v == index)
-            .map(|(k, _)| k)
-            .collect();
-        for k in stale {
-            let _ = self.db_parents.remove(&k);
-        }
-    }
-
-    fn drop_procs(&mut self, index: u32) {
-        let stale: Vec<u32> = self
-            .procs
-            .iter()
-            .filter_map(Result::ok)
-            .filter(|(_, v)| *v == index)
-            .map(|(k, _)| k)
-            .collect();
-        for k in stale {
-            let _ = self.procs.remove(&k);
-        }
-    }
-
     fn forget(&mut self, index: u32) {
-        self.drop_procs(index);
-        self.drop_db_parents(index);
+        drop_cluster(&mut self.procs, index);
+        drop_cluster(&mut self.db_parents, index);
         let _ = self.clusters.set(index, [0; 6], 0);
     }
 
@@ -287,5 +261,19 @@ impl Tracer {
             }
         }
         out
+    }
+}
+
+/// Removes a cluster's entries from a map whose values are cluster indexes
+/// (its processes, its database directories).
+fn drop_cluster<K: aya::Pod>(map: &mut BpfHash<MapData, K, u32>, index: u32) {
+    let stale: Vec<K> = map
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(_, v)| *v == index)
+        .map(|(k, _)| k)
+        .collect();
+    for k in stale {
+        let _ = map.remove(&k);
     }
 }

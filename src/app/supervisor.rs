@@ -565,6 +565,8 @@ impl Supervisor {
         let limits_changed = old.limits != self.cfg.limits;
         if limits_changed {
             self.start_limits();
+        } else if !plan.vols.is_empty() || !orphans.is_empty() {
+            self.limits_state.pass_now();
         }
         self.start_audit();
         Applied {

@@ -142,9 +142,19 @@ impl LimitsSnapshot {
 #[derive(Debug, Default)]
 pub(crate) struct LimitsState {
     snap: Mutex<LimitsSnapshot>,
+    /// Asks for a pass before the next tick.
+    wake: tokio::sync::Notify,
 }
 
 impl LimitsState {
+    /// Runs a pass now rather than at the next tick: a volume a reload
+    /// started (or whose provisioned limits it changed) would otherwise
+    /// show no limits, or the old ones, for up to a whole limits interval.
+    /// Rates stay right, as each pass divides by the time since the last.
+    pub(crate) fn pass_now(&self) {
+        self.wake.notify_one();
+    }
+
     pub(crate) fn snapshot(&self) -> LimitsSnapshot {
         self.snap.lock().map(|s| s.clone()).unwrap_or_default()
     }
@@ -226,7 +236,10 @@ pub(crate) async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let prev = Arc::new(Mutex::new(Prev::default()));
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = state.wake.notified() => tick.reset(),
+        }
         let (cfg2, inputs2, prev2, ebs2) = (cfg.clone(), inputs.clone(), prev.clone(), ebs.clone());
         let snap = tokio::task::spawn_blocking(move || {
             let mut p = match prev2.lock() {

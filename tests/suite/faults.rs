@@ -522,12 +522,31 @@ fn filesystem_turned_read_only_by_an_error_mid_run() {
 
     // Repair as an operator would: unmount, fsck, mount. The next start
     // removes what the last one could not.
+    // A test running meanwhile in its own mount namespace (`unshare -m`)
+    // holds a copy of this mount until it ends, and e2fsck refuses a
+    // device still in use (exit 8): wait for that copy to go.
     sh("umount", &[&mnt]);
-    let fsck = Command::new("e2fsck")
-        .args(["-fy", &lv.dev])
-        .status()
-        .unwrap();
-    assert!(fsck.code().unwrap_or(8) < 4, "e2fsck: {fsck:?}");
+    let t0 = std::time::Instant::now();
+    loop {
+        let fsck = Command::new("e2fsck")
+            .args(["-fy", &lv.dev])
+            .output()
+            .unwrap();
+        let code = fsck.status.code().unwrap_or(8);
+        let err = format!(
+            "{}{}",
+            String::from_utf8_lossy(&fsck.stdout),
+            String::from_utf8_lossy(&fsck.stderr)
+        );
+        if code < 4 {
+            break;
+        }
+        assert!(
+            code == 8 && err.contains("in use") && t0.elapsed() < Duration::from_secs(120),
+            "e2fsck exited {code}: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     sh("mount", &[&lv.dev, &mnt]);
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
     ex.wait_for("probes after the repair", Duration::from_secs(20), |m| {

@@ -1060,9 +1060,12 @@ fn timed_get(addr: SocketAddr, user: &str, password: &str) -> (u16, String, Dura
 /// The acceptance test of the wait queue in front of bcrypt: 50 wrong
 /// passwords a second for 10 s from 127.0.0.2, at cost 12, and meanwhile
 /// three first scrapes with the right password (three users, so none is
-/// cached) from 127.0.0.1, each answered 200 within 2 s (or three times
-/// one uncontended check, on a machine so busy that one check alone takes
-/// longer). With one FIFO queue each of them waited behind the flood's
+/// cached) from 127.0.0.1, each answered 200 after at most the flood check
+/// already running when it came and its own: the flood's failed checks
+/// counted around each scrape (read by the cached monitor, which waits for
+/// no check) grow by at most 2. Time is printed, not asserted, beyond the
+/// flood's length: on two busy cores one cost-12 check ranges from 0.5 to
+/// over 1 s. With one FIFO queue each scrape waited behind the flood's
 /// checks until the flood hung up.
 #[test]
 fn a_first_scrape_is_answered_during_a_password_flood_from_another_address() {
@@ -1091,7 +1094,10 @@ fn a_first_scrape_is_answered_during_a_password_flood_from_another_address() {
     // is cached from here on and reads the metrics without a check.
     let (status, _, one_check) = timed_get(ex.addr, "monitor", &users[0].1);
     assert_eq!(status, 200);
-    let bound = Duration::from_secs(2).max(one_check * 3);
+    let failures = || {
+        let (_, m, _) = timed_get(ex.addr, "monitor", &users[0].1);
+        sample(&m, "pgstorage_http_auth_checks_total{result=\"failure\"}").unwrap_or(-1.0)
+    };
 
     let length = Duration::from_secs(10);
     let addr = ex.addr;
@@ -1108,15 +1114,17 @@ fn a_first_scrape_is_answered_during_a_password_flood_from_another_address() {
         )
     });
     let t0 = Instant::now();
-    let mut took = Vec::new();
+    let (mut took, mut ahead) = (Vec::new(), Vec::new());
     for (i, (user, password)) in users[1..].iter().enumerate() {
         let at = Duration::from_millis(2500) * (i as u32 + 1);
         while t0.elapsed() < at {
             std::thread::sleep(Duration::from_millis(10));
         }
+        let before = failures();
         let (status, body, t) = timed_get(ex.addr, user, password);
         assert_eq!(status, 200, "{user}: {body}");
         took.push(t);
+        ahead.push(failures() - before);
     }
     let flood = flooder.join().unwrap();
     let (_, m, _) = timed_get(ex.addr, "monitor", &users[0].1);
@@ -1128,15 +1136,15 @@ fn a_first_scrape_is_answered_during_a_password_flood_from_another_address() {
     let passed = metric("pgstorage_http_auth_checks_total{result=\"success\"}");
     eprintln!(
         "one uncontended cost-{COST} check: {one_check:?}; first scrapes during the flood: \
-         {took:?} (bound {bound:?}); flood: {} sent, answers {:?}, {} unanswered; \
-         checks run: {failed} failed, {passed} passed; skipped: {busy} address_busy, \
-         {full} queue_full, {gone} client_gone",
+         {took:?}, flood checks finished meanwhile {ahead:?}; flood: {} sent, answers {:?}, \
+         {} unanswered; checks run: {failed} failed, {passed} passed; skipped: {busy} \
+         address_busy, {full} queue_full, {gone} client_gone",
         flood.sent, flood.answers, flood.unanswered
     );
-    for (i, t) in took.iter().enumerate() {
+    for (i, (t, n)) in took.iter().zip(&ahead).enumerate() {
         assert!(
-            *t <= bound,
-            "first scrape {} took {t:?} during the flood (bound {bound:?})",
+            (0.0..=2.0).contains(n) && *t < length,
+            "first scrape {} waited {t:?}, {n} flood checks finished meanwhile",
             i + 1
         );
     }

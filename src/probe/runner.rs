@@ -581,16 +581,25 @@ impl Runner {
                 latencies_us = ?lat.iter().map(|s| (s * 1e6).round() as u64).collect::<Vec<_>>(),
                 "commit burst"
             );
-            for (at, t) in &done[steady] {
+            for (at, t) in &done[steady.clone()] {
                 self.record_commit(Phase::Busy, *at, t);
+            }
+            if let Some((at, _)) = done[steady].last() {
+                self.state.burst_recorded(false, *at);
             }
         }
         if let Some(read) = &p.read {
             let start = Instant::now();
             let mut reads = ReadBurst::new(BURST_READS);
+            let mut recorded = false;
             loop {
                 let phase = match reads.next(start.elapsed()) {
-                    BurstRead::Done => return,
+                    BurstRead::Done => {
+                        if recorded {
+                            self.state.burst_recorded(true, Instant::now());
+                        }
+                        return;
+                    }
                     BurstRead::WarmUp => None,
                     BurstRead::Record => Some(Phase::Busy),
                 };
@@ -598,6 +607,7 @@ impl Runner {
                 if self.stop.is_stopped() || !self.read_probe(&mut p.engine, read, offset, phase) {
                     return;
                 }
+                recorded |= phase.is_some();
             }
         }
     }

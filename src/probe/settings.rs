@@ -444,6 +444,27 @@ impl Knob {
 /// ([`rate_min_samples`]).
 pub(crate) const RATE_BURSTS: u32 = 3;
 
+/// Bursts the window must hold before rates derive from them:
+/// [`RATE_BURSTS`], or as many as the window is sure to hold, at least one
+/// (see [`rate_min_samples`]). Counted as well as the samples because a
+/// burst that met a throttle's cycles, or stalls of a busy host that look
+/// like them, runs on and records up to [`COMMIT_BURST`]`.most` commits:
+/// one such burst holds three bursts' worth of samples but is still one
+/// moment. `None` when bursts are off.
+pub(crate) fn rate_min_bursts(
+    window: Duration,
+    busy_every: Duration,
+    interval: Duration,
+    slowdown: f64,
+) -> Option<usize> {
+    if busy_every.is_zero() {
+        return None;
+    }
+    let period = (busy_every + interval).as_secs_f64() * slowdown.max(1.0) + 2.0;
+    let fit = (window.as_secs_f64() / period).floor();
+    Some(fit.clamp(1.0, f64::from(RATE_BURSTS)) as usize)
+}
+
 /// Busy samples of one op the window must hold before rates derive from
 /// them: [`RATE_BURSTS`] bursts' worth, or as many bursts as the window is
 /// sure to hold, at least one. A window of length W always holds
@@ -462,12 +483,7 @@ pub(crate) fn rate_min_samples(
     interval: Duration,
     slowdown: f64,
 ) -> Option<usize> {
-    if busy_every.is_zero() {
-        return None;
-    }
-    let period = (busy_every + interval).as_secs_f64() * slowdown.max(1.0) + 2.0;
-    let fit = (window.as_secs_f64() / period).floor();
-    let bursts = fit.clamp(1.0, f64::from(RATE_BURSTS)) as usize;
+    let bursts = rate_min_bursts(window, busy_every, interval, slowdown)?;
     let per_burst = if read {
         BURST_READS.min as usize
     } else {

@@ -11,7 +11,9 @@ use crate::model::window::Window;
 use crate::probe::counts::{HistogramSnapshot, ProbeCounts};
 use crate::probe::files::ProbeDir;
 use crate::probe::fsinfo::FsInfo;
-use crate::probe::settings::{MAX_WINDOW_SAMPLES, VolumeLimits, VolumeSpec, rate_min_samples};
+use crate::probe::settings::{
+    MAX_WINDOW_SAMPLES, VolumeLimits, VolumeSpec, rate_min_bursts, rate_min_samples,
+};
 use crate::types::{EngineKind, Op, Phase, SERIES, SyncMethod, series};
 
 fn base() -> Instant {
@@ -86,6 +88,9 @@ pub(crate) struct SweepResult {
 #[derive(Debug)]
 struct Windows {
     window: Vec<Window>,
+    /// When each burst of commits (index 0) and reads (index 1) recorded
+    /// its last busy sample, oldest first, while inside the window.
+    bursts: [std::collections::VecDeque<Instant>; 2],
     count: [u64; SERIES],
     sum: [f64; SERIES],
 }
@@ -112,6 +117,12 @@ pub(crate) struct Snapshot {
     /// Busy samples a commit op's (index 0) and the read op's (index 1)
     /// window needs before rates derive from it; `None` when bursts are off.
     pub(crate) rate_min_samples: [Option<usize>; 2],
+    /// Bursts of commits (index 0) and reads (index 1) the window needs
+    /// besides those samples; `None` when bursts are off.
+    pub(crate) rate_min_bursts: [Option<usize>; 2],
+    /// Bursts of commits (index 0) and reads (index 1) whose last recorded
+    /// sample is in the window.
+    pub(crate) bursts: [usize; 2],
 }
 
 /// A stretch factor in thousandths for an atomic: values below 1 (and
@@ -149,6 +160,7 @@ impl VolumeState {
             engine: Mutex::new(None),
             windows: Mutex::new(Windows {
                 window: (0..SERIES).map(|_| Window::new(window, cap)).collect(),
+                bursts: Default::default(),
                 count: [0; SERIES],
                 sum: [0.0; SERIES],
             }),
@@ -279,6 +291,21 @@ impl VolumeState {
         }
     }
 
+    /// Notes that a burst of commits (`read` false) or reads recorded its
+    /// last busy sample at `at`: rates wait for several bursts, not only
+    /// for their samples ([`rate_min_bursts`]).
+    pub(crate) fn burst_recorded(&self, read: bool, at: Instant) {
+        if let Ok(mut w) = self.windows.lock() {
+            let q = &mut w.bursts[usize::from(read)];
+            q.push_back(at);
+            // Bounded by the window at snapshot time; a volume never
+            // scraped keeps no more than a few hundred.
+            while q.len() > 1024 {
+                q.pop_front();
+            }
+        }
+    }
+
     pub(crate) fn begin(&self, op: Op) {
         self.timeout_counted.store(false, Ordering::SeqCst);
         self.in_flight_op.store(op.index() as u8, Ordering::SeqCst);
@@ -326,6 +353,7 @@ impl VolumeState {
         let mut count = [0u64; SERIES];
         let mut sum = [0f64; SERIES];
         let mut histograms: [Option<HistogramSnapshot>; SERIES] = Default::default();
+        let mut bursts = [0usize; 2];
         if let Ok(mut w) = self.windows.lock() {
             for (i, win) in w.window.iter_mut().enumerate().take(SERIES) {
                 // Expired samples out first: the quantiles are then rank
@@ -334,6 +362,15 @@ impl VolumeState {
                 quantiles[i] = win.quantiles(now, qs);
                 samples[i] = win.live_len(now);
                 means[i] = win.mean(now);
+            }
+            for (i, q) in w.bursts.iter_mut().enumerate() {
+                while q
+                    .front()
+                    .is_some_and(|at| now.saturating_duration_since(*at) >= self.window)
+                {
+                    q.pop_front();
+                }
+                bursts[i] = q.len();
             }
             count = w.count;
             sum = w.sum;
@@ -363,6 +400,13 @@ impl VolumeState {
                     self.slowdown() * self.burst_stretch(),
                 )
             }),
+            rate_min_bursts: [rate_min_bursts(
+                self.window,
+                self.busy_every,
+                self.interval,
+                self.slowdown() * self.burst_stretch(),
+            ); 2],
+            bursts,
         }
     }
 }
@@ -385,16 +429,17 @@ impl Snapshot {
     /// that no rate rests on one moment of the host, nor on the after-idle
     /// figure that underestimates a busy server.
     pub(crate) fn rate_phase(&self, op: Op) -> Option<Phase> {
-        let need = self.rate_min_samples[usize::from(op == Op::Read)];
-        match need {
-            None => Some(Phase::AfterIdle),
-            Some(n)
+        let i = usize::from(op == Op::Read);
+        match (self.rate_min_samples[i], self.rate_min_bursts[i]) {
+            (None, _) | (_, None) => Some(Phase::AfterIdle),
+            (Some(n), Some(b))
                 if self.samples[series(op, Phase::Busy)] >= n
+                    && self.bursts[i] >= b
                     && self.quantiles[series(op, Phase::Busy)].is_some() =>
             {
                 Some(Phase::Busy)
             }
-            Some(_) => None,
+            _ => None,
         }
     }
 
@@ -425,5 +470,62 @@ impl Snapshot {
         } else {
             Phase::AfterIdle
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::probe::settings::{ProbeSettings, VolumeSpec};
+
+    fn volume(window_secs: u64) -> VolumeState {
+        let spec = VolumeSpec {
+            name: "v".into(),
+            path: "/v".into(),
+            probe_dir: "/v/p".into(),
+            probe: ProbeSettings::default(),
+            provisioned: Vec::new(),
+            cgroup: None,
+        };
+        VolumeState::new(&spec, Duration::from_secs(window_secs), Default::default())
+    }
+
+    /// A burst that ran on through stalls (a throttle's cycles, or a busy
+    /// host's that look like them) records many commits, but it is one
+    /// moment: with the default 15 min window rates wait for three bursts
+    /// however many samples the first one brought.
+    #[test]
+    fn rates_wait_for_bursts_not_only_for_samples() {
+        let v = volume(900);
+        let t0 = Instant::now();
+        let burst = |at: Instant, n: usize| {
+            for _ in 0..n {
+                v.record_all(Phase::Busy, at, &[(Op::Commit, 1e-3)]);
+            }
+            v.burst_recorded(false, at);
+        };
+        let phase = |at: Instant| {
+            v.snapshot(at, &crate::model::WINDOW_QUANTILES)
+                .rate_phase(Op::Commit)
+        };
+        burst(t0, 200);
+        assert_eq!(phase(t0), None, "one stretched burst");
+        burst(t0 + Duration::from_secs(43), 12);
+        assert_eq!(phase(t0 + Duration::from_secs(43)), None, "two bursts");
+        let t2 = t0 + Duration::from_secs(86);
+        burst(t2, 12);
+        assert_eq!(phase(t2), Some(Phase::Busy));
+        // The first burst leaves the window: two are left, its samples gone.
+        let later = t0 + Duration::from_secs(901);
+        assert_eq!(phase(later), None);
+    }
+
+    /// Bursts off: the after-idle figure is the rate's basis at once.
+    #[test]
+    fn without_bursts_rates_use_the_after_idle_figure() {
+        let mut v = volume(900);
+        v.busy_every = Duration::ZERO;
+        let s = v.snapshot(Instant::now(), &crate::model::WINDOW_QUANTILES);
+        assert_eq!(s.rate_phase(Op::Commit), Some(Phase::AfterIdle));
     }
 }

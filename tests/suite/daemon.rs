@@ -175,14 +175,18 @@ fn probe_ceilings_appear_with_the_third_burst() {
         )
     };
     let seen_without = std::cell::Cell::new(false);
-    let m = ex.wait_for("the probe_mean ceiling", Duration::from_secs(60), |m| {
+    // Three bursts 5 s apart on a quiet host; a burst that ran on through
+    // stalls of a busy host puts the next off by as many times its usual
+    // length (up to about 10), so allow two such.
+    let m = ex.wait_for("the probe_mean ceiling", Duration::from_secs(150), |m| {
         let c = ceiling(m, "probe_mean");
         if c.is_none() && busy(m) > 0.0 {
             seen_without.set(true);
         }
         c.is_some()
     });
-    // The default 15 min window holds three bursts of 12 recorded commits.
+    // The default 15 min window holds three bursts of at least 12
+    // recorded commits: one burst that recorded 36 is not enough.
     assert!(busy(&m) >= 36.0, "{} busy commits:\n{m}", busy(&m));
     assert!(
         seen_without.get(),

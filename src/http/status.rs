@@ -79,7 +79,7 @@ th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 .bad{color:#a00;font-weight:bold}.ok{color:#070}h2{margin-top:1.6em;border-top:2px solid #888;padding-top:.4em}\
 h3{margin:.8em 0 .2em;font-size:1em}ul.findings li{margin:.2em 0}\
 .warn{color:#a50;font-weight:bold}.not-checked{color:#666;font-style:italic}\
-td.evidence,td.fix{font-family:monospace;font-size:.9em}.span{color:#555;font-weight:normal}";
+table.audit{width:100%}td.evidence,td.fix{font-family:monospace;font-size:.9em}.span{color:#555;font-weight:normal}";
 
 /// The whole page for one snapshot; `now_unix` dates the page and the ages
 /// of errors.

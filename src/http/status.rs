@@ -122,8 +122,11 @@ pub(crate) fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64)
             let findings = volume(&mut sections, v, s, snap, audit);
             let (ceiling, basis) =
                 match ceiling_in_force(&commit_bases(v, s, &snap.clusters, &snap.limits)) {
-                    Some((b, c)) => (format!("{} commits/s", num(c)), b),
-                    None => ("-".to_string(), "-"),
+                    Some((b, c)) => (
+                        format!("{} commits/s", num(c)),
+                        format!("{b} <span class=\"span\">{}</span>", basis_over(b, v, snap)),
+                    ),
+                    None => ("-".to_string(), "-".to_string()),
                 };
             let p50 =
                 |op, phase| opt_seconds(s.quantiles(op, phase).and_then(|q| q.first()).copied());
@@ -223,6 +226,23 @@ fn basis_span(basis: &str, v: &VolumeState, s: &Snapshot, limits: &LimitsSnapsho
     }
 }
 
+/// What the basis in force is over, in short, for the summary row.
+fn basis_over(basis: &str, v: &VolumeState, snap: &ScrapeSnapshot) -> String {
+    let window = match basis {
+        "probe_mean" => Some(v.window),
+        "postgres" => snap
+            .clusters
+            .iter()
+            .find(|c| c.wal_volume() == Some(v.name.as_str()))
+            .map(|c| c.window),
+        _ => None,
+    };
+    match window {
+        Some(w) => format!("last {}", span(w.as_secs_f64())),
+        None => "latest limits pass".to_string(),
+    }
+}
+
 /// What a cluster's `postgres` basis is over: its window.
 fn basis_span_postgres(c: &ClusterSnapshot) -> String {
     format!(
@@ -284,7 +304,7 @@ fn volume(
     probe_findings(v, s, &snap.clusters, &mut findings);
     let own = findings.len();
     findings.extend(audit::notes(Of::Volume, &v.name, audit));
-    findings_list(o, &findings);
+    findings_list(o, v.window, &findings);
     own
 }
 
@@ -571,8 +591,12 @@ fn probe_findings(
 }
 
 /// The findings gathered above, or that there are none.
-fn findings_list(o: &mut String, findings: &[String]) {
-    o.push_str("<h3>Findings</h3>");
+fn findings_list(o: &mut String, window: std::time::Duration, findings: &[String]) {
+    let _ = write!(
+        o,
+        "<h3>Findings <span class=\"span\">(window figures over the last {})</span></h3>",
+        span(window.as_secs_f64())
+    );
     if findings.is_empty() {
         o.push_str("<p>Nothing to report.</p>");
     } else {
@@ -1031,6 +1055,8 @@ mod tests {
              <span class=\"span\">(the PgStorageWalSyncSaturated alert: 5 min)</span></th>",
             "main spent 60 % of the last 15 min in WAL syncs",
             "<h3>Probe errors since start</h3>",
+            "<td>cap <span class=\"span\">latest limits pass</span></td>",
+            "<h3>Findings <span class=\"span\">(window figures over the last 1 min)</span></h3>",
             "As of the latest pass 30 s ago: 2 findings (1 critical, 1 warning, 0 info)",
             // The cluster is watched but its settings were not read.
             "<a class=\"not-checked\" href=\"#audit-cluster-main\">audit: not checked yet</a>",

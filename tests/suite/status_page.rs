@@ -594,6 +594,7 @@ fn audit_findings_and_the_windows_as_the_browser_shows_them() {
     for want in [
         "commit p50 busy last 1 min",
         "read p50 after idle last 1 min",
+        "probe_mean last 1 min",
     ] {
         assert!(summary.contains(want), "{want:?} missing: {summary}");
     }

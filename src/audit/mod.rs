@@ -148,6 +148,12 @@ pub(crate) struct Outcome {
     pub(crate) checked: u32,
     /// Checks skipped because a fact they need could not be read.
     pub(crate) skipped: u32,
+    /// Codes that fired but are silenced by `audit.ignore`: not findings,
+    /// yet the status page says how many there are, so a silenced check
+    /// is not mistaken for a passing one. Left out of `check`'s JSON,
+    /// which reads no configuration and silences nothing.
+    #[serde(skip)]
+    pub(crate) ignored: Vec<&'static str>,
 }
 
 impl Outcome {
@@ -174,7 +180,14 @@ impl Outcome {
     /// Drops ignored findings (a deliberate choice must not page forever);
     /// the check still counts as evaluated.
     pub(crate) fn ignore(&mut self, codes: &[String]) {
-        self.findings.retain(|f| !codes.iter().any(|c| c == f.code));
+        let ignored = &mut self.ignored;
+        self.findings.retain(|f| {
+            let keep = !codes.iter().any(|c| c == f.code);
+            if !keep {
+                ignored.push(f.code);
+            }
+            keep
+        });
     }
 }
 

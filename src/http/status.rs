@@ -5,7 +5,17 @@
 //! force is computed by the same function).
 //!
 //! Every value that comes from configuration, the OS or PostgreSQL (volume
-//! names, paths, devices, error texts) goes through [`esc`].
+//! names, paths, devices, error texts, the audit's evidence) goes through
+//! [`esc`].
+//!
+//! Every figure says what it is over, beside it: the sliding window (and
+//! how long it is), the latest limits or audit pass, the last minute, or
+//! the time since start. The same name can mean another span elsewhere
+//! (the shipped alerts take 5-minute rates), and a reader comparing the
+//! two must see which.
+
+mod audit;
+mod text;
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -14,9 +24,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{Html, IntoResponse, Response};
 
+use crate::audit::AuditSnapshot;
 use crate::exposition::ScrapeSnapshot;
 use crate::exposition::derived::{ceiling_in_force, commit_bases};
 use crate::limits::LimitsSnapshot;
+use crate::limits::caps::WritesPerCommit;
 use crate::model::ceiling::sync_ratio;
 use crate::model::verdict::{Observed, OpStats, fmt_seconds, warnings};
 use crate::postgres::ClusterSnapshot;
@@ -24,6 +36,8 @@ use crate::probe::counts::SetupNote;
 use crate::probe::state::{Snapshot, VolumeState};
 use crate::types::{Op, Phase, series};
 
+use self::audit::{Audited, Of, audited};
+use self::text::{ago, esc, span};
 use super::state::AppState;
 
 /// PostgreSQL's WAL syncs this many times slower than the probe's is worth
@@ -58,28 +72,14 @@ pub(crate) async fn page(State(s): State<Arc<AppState>>) -> Response {
     }
 }
 
-/// HTML-escapes text for element content and quoted attributes.
-pub(crate) fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 const STYLE: &str = "body{font-family:sans-serif;margin:1.5em;max-width:72em}\
 table{border-collapse:collapse;margin:.4em 0 1em}\
 td,th{padding:.2em .7em;text-align:left;border-bottom:1px solid #ddd;vertical-align:top}\
 th{background:#f4f4f4}td.n{text-align:right;font-variant-numeric:tabular-nums}\
 .bad{color:#a00;font-weight:bold}.ok{color:#070}h2{margin-top:1.6em;border-top:2px solid #888;padding-top:.4em}\
-h3{margin:.8em 0 .2em;font-size:1em}ul.findings li{margin:.2em 0}";
+h3{margin:.8em 0 .2em;font-size:1em}ul.findings li{margin:.2em 0}\
+.warn{color:#a50;font-weight:bold}.not-checked{color:#666;font-style:italic}\
+table.audit{width:100%}td.evidence,td.fix{font-family:monospace;font-size:.9em}.span{color:#555;font-weight:normal}";
 
 /// The whole page for one snapshot; `now_unix` dates the page and the ages
 /// of errors.
@@ -91,9 +91,11 @@ pub(crate) fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64)
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>pg-storage-exporter status</title>\
          <style>{STYLE}</style></head><body>\
          <h1>pg-storage-exporter {version}</h1>\
-         <p>How fast PostgreSQL can commit and read on each volume right now, and what caps it. \
-         Figures are over the sliding window; <a href=\"{path}\">{path}</a> has them as metrics, \
-         <a href=\"/healthz\">/healthz</a> answers liveness.</p>\
+         <p>How fast PostgreSQL can commit and read on each volume right now, what caps it, and \
+         what the <a href=\"#audit\">storage-configuration audit</a> found. \
+         Each figure says what it is over: the sliding window and its length, the latest limits \
+         or audit pass, or the time since start; <a href=\"{path}\">{path}</a> has them as \
+         metrics, <a href=\"/healthz\">/healthz</a> answers liveness.</p>\
          <p>Busy: the recorded part of each burst of back-to-back probes (the second half of its \
          commits, or whole throttle cycles where it met a throttle; its reads over an 8 ms span \
          after a warm-up), what an IO costs while \
@@ -106,18 +108,25 @@ pub(crate) fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64)
         o.push_str("<h2 id=\"summary\">Volumes</h2><p>No volume is probed.</p>");
     } else {
         let mut sections = String::with_capacity(8 * 1024);
-        o.push_str(
+        let w = windows(snap.volumes.iter().map(|(v, _)| v.window));
+        let _ = write!(
+            o,
             "<h2 id=\"summary\">Volumes</h2><table class=\"summary\"><tr><th>volume</th>\
-             <th>commit ceiling in force</th><th>set by</th><th>commit p50 busy</th>\
-             <th>commit p50 after idle</th><th>read p50 busy</th><th>read p50 after idle</th>\
-             <th>findings</th></tr>",
+             <th>commit ceiling in force</th><th>set by</th><th>commit p50 busy{w}</th>\
+             <th>commit p50 after idle{w}</th><th>read p50 busy{w}</th>\
+             <th>read p50 after idle{w}</th><th>findings <span class=\"span\">(probe, \
+             <a href=\"#audit\">audit</a>)</span></th></tr>",
         );
         for (v, s) in &snap.volumes {
-            let findings = volume(&mut sections, v, s, snap);
+            let audit = audited(&snap.audit, Of::Volume, &v.name);
+            let findings = volume(&mut sections, v, s, snap, audit);
             let (ceiling, basis) =
                 match ceiling_in_force(&commit_bases(v, s, &snap.clusters, &snap.limits)) {
-                    Some((b, c)) => (format!("{} commits/s", num(c)), b),
-                    None => ("-".to_string(), "-"),
+                    Some((b, c)) => (
+                        format!("{} commits/s", num(c)),
+                        format!("{b} <span class=\"span\">{}</span>", basis_over(b, v, snap)),
+                    ),
+                    None => ("-".to_string(), "-".to_string()),
                 };
             let p50 =
                 |op, phase| opt_seconds(s.quantiles(op, phase).and_then(|q| q.first()).copied());
@@ -131,17 +140,17 @@ pub(crate) fn render(snap: &ScrapeSnapshot, telemetry_path: &str, now_unix: f64)
                 p50(Op::Commit, Phase::AfterIdle),
                 p50(Op::Read, Phase::Busy),
                 p50(Op::Read, Phase::AfterIdle),
-                match findings {
-                    0 => "<span class=\"ok\">none</span>".to_string(),
-                    n => format!("<a class=\"bad\" href=\"#volume-{}\">{n}</a>", esc(&v.name)),
-                },
+                audit::findings_cell(Of::Volume, &v.name, findings, audit),
             );
         }
         o.push_str("</table>");
         o.push_str(&sections);
     }
-    clusters(&mut o, &snap.clusters, now_unix);
+    clusters(&mut o, &snap.clusters, &snap.audit, now_unix);
     syncs(&mut o, &snap.syncs);
+    let volumes: Vec<&str> = snap.volumes.iter().map(|(v, _)| v.name.as_str()).collect();
+    let clusters: Vec<&str> = snap.clusters.iter().map(|c| c.name.as_str()).collect();
+    audit::section(&mut o, &snap.audit, &volumes, &clusters, now_unix);
     health(&mut o, snap);
     o.push_str("</body></html>\n");
     o
@@ -162,20 +171,24 @@ fn num(x: f64) -> String {
     }
 }
 
-fn percent(r: f64) -> String {
-    format!("{:.0} %", r * 100.0)
+/// ", last 15 min" for a column header when every row has that window,
+/// else ", each row's window" (each figure is then over its own).
+fn windows(mut all: impl Iterator<Item = std::time::Duration>) -> String {
+    let Some(first) = all.next() else {
+        return String::new();
+    };
+    if all.all(|w| w == first) {
+        format!(
+            " <span class=\"span\">last {}</span>",
+            span(first.as_secs_f64())
+        )
+    } else {
+        " <span class=\"span\">over each row's window</span>".to_string()
+    }
 }
 
-/// "3 min ago" style age of a unix time.
-fn ago(then: f64, now: f64) -> String {
-    let d = (now - then).max(0.0);
-    if d < 120.0 {
-        format!("{d:.0} s ago")
-    } else if d < 7200.0 {
-        format!("{:.0} min ago", d / 60.0)
-    } else {
-        format!("{:.1} h ago", d / 3600.0)
-    }
+fn percent(r: f64) -> String {
+    format!("{:.0} %", r * 100.0)
 }
 
 fn cap_value(resource: &str, value: f64) -> String {
@@ -184,6 +197,59 @@ fn cap_value(resource: &str, value: f64) -> String {
     } else {
         format!("{value:.0} IOPS")
     }
+}
+
+/// What a basis of the commit ceiling is computed over (`probe_mean`,
+/// `cap`): the probe's window, or the cap as the latest limits pass read it.
+fn basis_span(basis: &str, v: &VolumeState, s: &Snapshot, limits: &LimitsSnapshot) -> String {
+    match basis {
+        "probe_mean" => {
+            let phase = match s.rate_phase(Op::Commit) {
+                Some(Phase::AfterIdle) => "after-idle probes (bursts are off)",
+                _ => "busy bursts",
+            };
+            format!(
+                "the last {} (the window), {phase}",
+                span(v.window.as_secs_f64())
+            )
+        }
+        "cap" => {
+            let writes = match limits.cap_basis(&v.name).map(|b| b.writes_source) {
+                Some(WritesPerCommit::Measured) => {
+                    "device writes per commit counted between limits passes"
+                }
+                _ => "the default device writes per commit (none attributable here)",
+            };
+            format!("the cap as the latest limits pass read it; {writes}")
+        }
+        _ => String::new(),
+    }
+}
+
+/// What the basis in force is over, in short, for the summary row.
+fn basis_over(basis: &str, v: &VolumeState, snap: &ScrapeSnapshot) -> String {
+    let window = match basis {
+        "probe_mean" => Some(v.window),
+        "postgres" => snap
+            .clusters
+            .iter()
+            .find(|c| c.wal_volume() == Some(v.name.as_str()))
+            .map(|c| c.window),
+        _ => None,
+    };
+    match window {
+        Some(w) => format!("last {}", span(w.as_secs_f64())),
+        None => "latest limits pass".to_string(),
+    }
+}
+
+/// What a cluster's `postgres` basis is over: its window.
+fn basis_span_postgres(c: &ClusterSnapshot) -> String {
+    format!(
+        "the last {} (the window) of cluster {}",
+        span(c.window.as_secs_f64()),
+        esc(&c.name)
+    )
 }
 
 /// What a basis of the commit ceiling is, in words.
@@ -216,8 +282,16 @@ fn op_stats(s: &Snapshot, op: Op, phase: Phase) -> Option<OpStats> {
     })
 }
 
-/// One volume's section; returns how many findings it has.
-fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) -> usize {
+/// One volume's section; returns how many findings the page itself has
+/// for it (from the probe, its window and the IO caps); the audit's are
+/// listed after them and counted by the audit.
+fn volume(
+    o: &mut String,
+    v: &VolumeState,
+    s: &Snapshot,
+    snap: &ScrapeSnapshot,
+    audit: Audited<'_>,
+) -> usize {
     let name = esc(&v.name);
     let _ = write!(o, "<h2 id=\"volume-{name}\">Volume {name}</h2>");
     let setup_note = v.counts.last_setup_error();
@@ -228,8 +302,10 @@ fn volume(o: &mut String, v: &VolumeState, s: &Snapshot, snap: &ScrapeSnapshot) 
     caps(o, &v.name, &snap.limits, &mut findings);
     probe_errors(o, v, setup_note.as_ref(), &mut findings);
     probe_findings(v, s, &snap.clusters, &mut findings);
-    findings_list(o, &findings);
-    findings.len()
+    let own = findings.len();
+    findings.extend(audit::notes(Of::Volume, &v.name, audit));
+    findings_list(o, v.window, &findings);
+    own
 }
 
 /// What is probed on the volume and how.
@@ -281,10 +357,12 @@ fn probe_table(o: &mut String, v: &VolumeState, s: &Snapshot, setup_note: Option
 
 /// The probes' latency: busy and after idle.
 fn latency_table(o: &mut String, v: &VolumeState, s: &Snapshot) {
-    o.push_str(
-        "<h3>Latency</h3><table class=\"latency\"><tr><th>op</th>\
+    let _ = write!(
+        o,
+        "<h3>Latency, last {} (the window)</h3><table class=\"latency\"><tr><th>op</th>\
          <th>busy p50</th><th>busy p99</th><th>after idle p50</th><th>after idle p99</th>\
          <th>samples (busy / after idle)</th></tr>",
+        span(v.window.as_secs_f64())
     );
     let mut ops = Vec::new();
     if v.commit_probe {
@@ -348,25 +426,37 @@ fn commit_ceiling(
         {
             let _ = write!(
                 o,
-                "<p>The probe's ceilings wait for {need} busy commits in the window \
+                "<p>The probe's ceilings wait for {need} busy commits in the window, the last {} \
                  ({} so far): one burst is one moment of the host, and they are read from \
                  several.</p>",
+                span(v.window.as_secs_f64()),
                 s.samples[series(Op::Commit, Phase::Busy)]
             );
         }
-        let rows = bases.clone();
-        if !rows.is_empty() {
+        if !bases.is_empty() {
             o.push_str(
                 "<table class=\"ceiling\"><tr><th>basis</th><th>commits/s</th>\
-                 <th>what it is</th><th>in force</th></tr>",
+                 <th>what it is</th><th>over</th><th>in force</th></tr>",
             );
-            for (basis, c) in &rows {
+            // commit_bases lists one postgres basis per cluster whose WAL
+            // is on the volume, in the order of the clusters.
+            let mut wal_clusters = snap
+                .clusters
+                .iter()
+                .filter(|c| c.wal_volume() == Some(v.name.as_str()));
+            for (basis, c) in &bases {
                 let on = in_force.is_some_and(|(b, x)| b == *basis && x == *c);
+                let over = match *basis {
+                    "postgres" => wal_clusters.next().map(basis_span_postgres),
+                    b => Some(basis_span(b, v, s, &snap.limits)),
+                };
                 let _ = write!(
                     o,
-                    "<tr><td>{basis}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td></tr>",
+                    "<tr><td>{basis}</td><td class=\"n\">{}</td><td>{}</td><td>{}</td>\
+                     <td>{}</td></tr>",
                     num(*c),
                     basis_words(basis),
+                    over.unwrap_or_default(),
                     if on { "<b>yes</b>" } else { "" }
                 );
             }
@@ -398,7 +488,7 @@ fn probe_errors(
         .into_iter()
         .filter(|(_, n)| *n > 0)
         .collect();
-    o.push_str("<h3>Probe errors</h3>");
+    o.push_str("<h3>Probe errors since start</h3>");
     if errors.is_empty() {
         o.push_str("<p>No probe errors since start.</p>");
     } else {
@@ -451,7 +541,10 @@ fn probe_findings(
     }
     let any_samples = s.samples.iter().any(|n| *n > 0);
     if !any_samples && (v.commit_probe || v.read_probe) {
-        findings.push("No probe has completed within the window yet.".to_string());
+        findings.push(format!(
+            "No probe has completed within the window (the last {}) yet.",
+            span(v.window.as_secs_f64())
+        ));
     }
     for c in clusters {
         if c.wal_volume() != Some(v.name.as_str()) {
@@ -463,11 +556,12 @@ fn probe_findings(
             && r > SLOW_PG_SYNC_RATIO
         {
             findings.push(format!(
-                "PostgreSQL {}'s WAL syncs take {} on average, {r:.1}× the probe's {}: something \
-                 slows PostgreSQL that the probe does not feel (a cap on its cgroup, checkpoints, \
-                 another device).",
+                "PostgreSQL {}'s WAL syncs take {} on average over the last {}, {r:.1}× the \
+                 probe's {}: something slows PostgreSQL that the probe does not feel (a cap on \
+                 its cgroup, checkpoints, another device).",
                 esc(&c.name),
                 fmt_seconds(pg),
+                span(c.window.as_secs_f64()),
                 fmt_seconds(p)
             ));
         }
@@ -497,8 +591,12 @@ fn probe_findings(
 }
 
 /// The findings gathered above, or that there are none.
-fn findings_list(o: &mut String, findings: &[String]) {
-    o.push_str("<h3>Findings</h3>");
+fn findings_list(o: &mut String, window: std::time::Duration, findings: &[String]) {
+    let _ = write!(
+        o,
+        "<h3>Findings <span class=\"span\">(window figures over the last {})</span></h3>",
+        span(window.as_secs_f64())
+    );
     if findings.is_empty() {
         o.push_str("<p>Nothing to report.</p>");
     } else {
@@ -523,9 +621,16 @@ fn caps(o: &mut String, volume: &str, limits: &LimitsSnapshot, findings: &mut Ve
         let _ = write!(o, "<p>No IO cap found on this volume's disk{why}.</p>");
         return;
     }
-    o.push_str(
+    // Utilization is the IO rate between the latest two limits passes
+    // over the cap: name that span, which a reload can shorten.
+    let over = match limits.utilization_seconds {
+        Some(dt) => format!("over the last {}", span(dt)),
+        None => "needs two limits passes".to_string(),
+    };
+    let _ = write!(
+        o,
         "<table class=\"caps\"><tr><th>source</th><th>resource</th><th>cap</th>\
-         <th>utilization</th></tr>",
+         <th>utilization <span class=\"span\">{over}</span></th></tr>",
     );
     for r in rows {
         let resource = r.resource.as_str();
@@ -541,7 +646,7 @@ fn caps(o: &mut String, volume: &str, limits: &LimitsSnapshot, findings: &mut Ve
             && u >= BUSY_CAP
         {
             findings.push(format!(
-                "The {} {} cap of {} is {} used: IO beyond it waits.",
+                "The {} {} cap of {} is {} used {over}: IO beyond it waits.",
                 esc(r.source),
                 esc(resource),
                 cap_value(resource, r.value),
@@ -566,16 +671,25 @@ fn setting<'a>(c: &'a ClusterSnapshot, name: &str) -> &'a str {
     c.setting(name).map(|s| s.value.as_str()).unwrap_or("-")
 }
 
-fn clusters(o: &mut String, clusters: &[ClusterSnapshot], now: f64) {
+/// The window of the shipped `PgStorageWalSyncSaturated` alert's rate
+/// (deploy/prometheus/alerts.rules.yml), named beside the page's figure of
+/// the same thing so the two are not compared as if over one span.
+const ALERT_WAL_SHARE_WINDOW: &str = "5 min";
+
+fn clusters(o: &mut String, clusters: &[ClusterSnapshot], audit: &AuditSnapshot, now: f64) {
     o.push_str("<h2 id=\"clusters\">PostgreSQL clusters</h2>");
     if clusters.is_empty() {
         o.push_str("<p>No PostgreSQL cluster is watched.</p>");
         return;
     }
-    o.push_str(
+    let w = windows(clusters.iter().map(|c| c.window));
+    let _ = write!(
+        o,
         "<table class=\"clusters\"><tr><th>cluster</th><th>pg_up</th><th>version</th>\
          <th>track_io_timing</th><th>track_wal_io_timing</th><th>WAL volume</th>\
-         <th>WAL sync mean</th><th>WAL sync time share</th><th>last error</th></tr>",
+         <th>WAL sync mean{w}</th><th>WAL sync time share{w} <span class=\"span\">(the \
+         PgStorageWalSyncSaturated alert: {ALERT_WAL_SHARE_WINDOW})</span></th>\
+         <th>last error</th><th><a href=\"#audit\">audit</a></th></tr>",
     );
     let mut findings = Vec::new();
     for c in clusters {
@@ -599,12 +713,19 @@ fn clusters(o: &mut String, clusters: &[ClusterSnapshot], now: f64) {
         let _ = write!(
             o,
             "<tr><td>{name}</td><td>{up}</td><td>{version}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{last}</td></tr>",
+             <td>{}</td><td class=\"n\">{}</td><td class=\"n\">{}</td><td>{last}</td>\
+             <td>{}</td></tr>",
             esc(setting(c, "track_io_timing")),
             esc(setting(c, "track_wal_io_timing")),
             c.wal_volume().map(esc).unwrap_or_else(|| "-".into()),
             opt_seconds(c.wal_sync_mean),
             c.wal_sync_share.map(percent).unwrap_or_else(|| "-".into()),
+            audit::findings_cell(
+                Of::Cluster,
+                &c.name,
+                0,
+                audited(audit, Of::Cluster, &c.name)
+            ),
         );
         if !c.up {
             findings.push(format!(
@@ -626,8 +747,9 @@ fn clusters(o: &mut String, clusters: &[ClusterSnapshot], now: f64) {
             && share >= 0.5
         {
             findings.push(format!(
-                "{name} spends {} of its time in WAL syncs: commits queue behind the storage.",
-                percent(share)
+                "{name} spent {} of the last {} in WAL syncs: commits queue behind the storage.",
+                percent(share),
+                span(c.window.as_secs_f64())
             ));
         }
     }
@@ -641,7 +763,8 @@ fn clusters(o: &mut String, clusters: &[ClusterSnapshot], now: f64) {
     }
 }
 
-/// The server's own syncs, traced in the kernel, over the last minute.
+/// The server's own syncs, traced in the kernel, over the last
+/// [`crate::ebpf::RECENT`].
 fn syncs(o: &mut String, s: &crate::ebpf::SyncSnapshot) {
     if let Some(off) = s.off {
         let _ = write!(
@@ -655,10 +778,12 @@ fn syncs(o: &mut String, s: &crate::ebpf::SyncSnapshot) {
     if !s.running || s.clusters.is_empty() {
         return;
     }
-    o.push_str(
-        "<h3 id=\"syncs\">Server's own syncs, last minute (traced in the kernel)</h3>\
+    let _ = write!(
+        o,
+        "<h3 id=\"syncs\">Server's own syncs, last {} (traced in the kernel)</h3>\
          <table class=\"syncs\"><tr><th>cluster</th><th>traced</th><th>WAL syncs</th>\
          <th>WAL p50</th><th>WAL p99</th><th>data syncs</th><th>data p99</th></tr>",
+        span(crate::ebpf::RECENT.as_secs_f64())
     );
     for (name, c) in &s.clusters {
         let traced = match c.traced {
@@ -721,7 +846,7 @@ fn health(o: &mut String, snap: &ScrapeSnapshot) {
         o.push_str("<p>The limits collector has read every file it needed.</p>");
     } else {
         o.push_str(
-            "<h3>Limits collector read errors</h3><table class=\"limits-errors\">\
+            "<h3>Limits collector read errors since start</h3><table class=\"limits-errors\">\
              <tr><th>kind</th><th>cause</th><th>count</th></tr>",
         );
         for ((kind, cause), n) in errors {
@@ -741,14 +866,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn escapes_markup_and_quotes() {
-        assert_eq!(
-            esc("<a href=\"x\">'&'</a>"),
-            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
-        );
-    }
-
-    #[test]
     fn in_force_is_the_lowest_basis() {
         let b = [("probe_mean", 2150.0), ("postgres", 900.0), ("cap", 75.0)];
         assert_eq!(ceiling_in_force(&b), Some(("cap", 75.0)));
@@ -757,10 +874,9 @@ mod tests {
 
     /// The case the page is for: a fast commit probe (465 µs) on a disk
     /// whose cgroup caps writes at 200 IOPS, each commit costing 8/3 device
-    /// writes: the cap sets the ceiling (75/s), and the page says so. The
-    /// volume is on tmpfs and its setup error carries markup.
-    #[test]
-    fn a_cap_sets_the_ceiling_and_every_value_is_escaped() {
+    /// writes: the cap sets the ceiling (75/s). The volume `wal` is on
+    /// tmpfs, its window is a minute, and its setup error carries markup.
+    fn capped_tmpfs_wal() -> ScrapeSnapshot {
         use crate::limits::{CgroupRow, LimitRow};
         use crate::probe::fsinfo::FsInfo;
         use crate::probe::settings::{ProbeSettings, VolumeSpec};
@@ -814,14 +930,19 @@ mod tests {
             writes_per_probe: [("wal".to_string(), 8.0 / 3.0)].into_iter().collect(),
             ..Default::default()
         };
-        let snap = ScrapeSnapshot {
+        ScrapeSnapshot {
             syncs: Default::default(),
             volumes: vec![(v, s)],
             clusters: Vec::new(),
             limits,
             audit: Default::default(),
-        };
-        let html = render(&snap, "/metrics", 0.0);
+        }
+    }
+
+    /// The cap sets the ceiling and the page says so.
+    #[test]
+    fn a_cap_sets_the_ceiling_and_every_value_is_escaped() {
+        let html = render(&capped_tmpfs_wal(), "/metrics", 0.0);
         assert!(
             html.contains(
                 "Ceiling in force: <b>75.0 commits/s</b> for one client, set by <b>cap</b>."
@@ -853,6 +974,117 @@ mod tests {
             !html.contains("<script>") && !html.contains("<b>wal"),
             "{html}"
         );
+    }
+
+    /// The audit found the volume in memory (critical) and one host-wide
+    /// setting: the summary row counts both apart, never "none", and the
+    /// audit section lists them with their evidence escaped. Every
+    /// windowed figure names its span.
+    #[test]
+    fn audit_findings_reach_the_volume_row_and_every_figure_states_its_window() {
+        use crate::audit::{Finding, Outcome, Report, Severity};
+        let finding = |code, severity, evidence: &str| Finding {
+            code,
+            severity,
+            evidence: evidence.into(),
+            message: "what it means".into(),
+            fix: "sysctl -w x=1 <now>".into(),
+        };
+        let mut snap = capped_tmpfs_wal();
+        snap.limits.utilization_seconds = Some(10.0);
+        snap.clusters = vec![ClusterSnapshot {
+            name: "main".into(),
+            up: true,
+            window: std::time::Duration::from_secs(15 * 60),
+            wal_sync_share: Some(0.6),
+            ..Default::default()
+        }];
+        snap.audit = AuditSnapshot {
+            last: Some(Arc::new(Report {
+                host: Outcome {
+                    findings: vec![finding(
+                        "swappiness_high",
+                        Severity::Warning,
+                        "/proc/sys/vm/swappiness = 60",
+                    )],
+                    checked: 7,
+                    ..Default::default()
+                },
+                volumes: vec![(
+                    "wal".into(),
+                    Outcome {
+                        findings: vec![finding(
+                            "memory_filesystem",
+                            Severity::Critical,
+                            "mountinfo fstype = </td><script>x</script>",
+                        )],
+                        checked: 3,
+                        ..Default::default()
+                    },
+                )],
+                clusters: Vec::new(),
+                read_errors: Vec::new(),
+            })),
+            last_run: Some(0.0),
+            runs: 1,
+            ..Default::default()
+        };
+        let html = render(&snap, "/metrics", 30.0);
+        let row = html
+            .split_once("<table class=\"summary\">")
+            .and_then(|(_, r)| r.split_once("</table>"))
+            .unwrap()
+            .0;
+        assert!(!row.contains(">none<"), "{row}");
+        assert!(
+            row.contains(
+                "<a class=\"bad\" href=\"#audit-volume-wal\" title=\"memory_filesystem\">1 audit</a>, \
+                 <a class=\"warn\" href=\"#audit-host\">1 host-wide</a>"
+            ),
+            "{row}"
+        );
+        // The windows: the volume's minute, the cluster's 15 minutes beside
+        // the alert's 5, the limits pass's 10 s.
+        for want in [
+            "<th>commit p50 busy <span class=\"span\">last 1 min</span></th>",
+            "<h3>Latency, last 1 min (the window)</h3>",
+            "the last 1 min (the window), busy bursts",
+            "the cap as the latest limits pass read it; device writes per commit counted",
+            "<th>utilization <span class=\"span\">over the last 10 s</span></th>",
+            "write_iops cap of 200 IOPS is 97 % used over the last 10 s",
+            "<th>WAL sync time share <span class=\"span\">last 15 min</span> \
+             <span class=\"span\">(the PgStorageWalSyncSaturated alert: 5 min)</span></th>",
+            "main spent 60 % of the last 15 min in WAL syncs",
+            "<h3>Probe errors since start</h3>",
+            "<td>cap <span class=\"span\">latest limits pass</span></td>",
+            "<h3>Findings <span class=\"span\">(window figures over the last 1 min)</span></h3>",
+            "As of the latest pass 30 s ago: 2 findings (1 critical, 1 warning, 0 info)",
+            // The cluster is watched but its settings were not read.
+            "<a class=\"not-checked\" href=\"#audit-cluster-main\">audit: not checked yet</a>",
+        ] {
+            assert!(html.contains(want), "{want:?} missing:\n{html}");
+        }
+        // The audit's lines in the volume's own findings list.
+        assert!(
+            html.contains(
+                "Audit, <span class=\"bad\">critical</span> <code>memory_filesystem</code>"
+            ),
+            "{html}"
+        );
+        assert!(
+            html.contains("mountinfo fstype = &lt;/td&gt;&lt;script&gt;x&lt;/script&gt;")
+                && html.contains("sysctl -w x=1 &lt;now&gt;")
+                && !html.contains("<script>"),
+            "{html}"
+        );
+    }
+
+    #[test]
+    fn a_header_names_the_window_all_rows_share() {
+        let d = std::time::Duration::from_secs;
+        assert!(windows([d(60), d(60)].into_iter()).contains("last 1 min"));
+        assert!(windows([d(60), d(120)].into_iter()).contains("each row's window"));
+        assert_eq!(windows(std::iter::empty()), "");
     }
 
     #[test]

@@ -83,6 +83,9 @@ pub(crate) struct LimitsSnapshot {
     pub(crate) writes_per_probe: BTreeMap<String, f64>,
     /// Why volumes have no disk, for the log.
     pub(crate) no_disk: BTreeMap<String, String>,
+    /// Seconds between the two passes every `utilization` is a rate over
+    /// (the latest and the one before); `None` after the first pass.
+    pub(crate) utilization_seconds: Option<f64>,
     /// The latest pass: how long it took and how many reads failed.
     pub(crate) last_run: Option<LimitsRun>,
     /// Failed reads since start by (file kind, cause): a file that cannot
@@ -357,6 +360,7 @@ fn collect(
     prev.cgroup = pass.next_cgroup;
     prev.disks = disk_stats;
     prev.at = Some(now);
+    pass.out.utilization_seconds = dt;
     pass.out
 }
 

@@ -95,6 +95,7 @@ impl ClusterState {
             inner: Mutex::new(Inner {
                 snap: ClusterSnapshot {
                     name: name.to_string(),
+                    window,
                     ..Default::default()
                 },
                 wal_history: VecDeque::new(),

@@ -43,6 +43,9 @@ pub(crate) struct ClusterSnapshot {
     pub(crate) waits: Arc<WaitTotals>,
     /// (volume, role) pairs from discovery or matching configured volumes.
     pub(crate) volumes: Vec<(String, String)>,
+    /// The span the figures below are over (the configured `window`): the
+    /// status page states it beside them.
+    pub(crate) window: std::time::Duration,
     /// Mean WAL sync seconds over the window, from PostgreSQL's counters.
     pub(crate) wal_sync_mean: Option<f64>,
     /// What one client's commit waits on its WAL by PostgreSQL's own

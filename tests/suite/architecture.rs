@@ -60,6 +60,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "input",
             "errno",
             "ebpf",
+            "audit",
         ],
     ),
     (

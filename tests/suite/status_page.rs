@@ -78,8 +78,9 @@ fn dump_dom(bin: &str, url: &str) -> String {
     dom
 }
 
-/// `target/test-artifacts/<name>`: a screenshot of the page.
-fn screenshot(bin: &str, url: &str, name: &str) -> PathBuf {
+/// `target/test-artifacts/<name>`: a screenshot of the page, 1280 pixels
+/// wide and `height` high.
+fn screenshot(bin: &str, url: &str, name: &str, height: u32) -> PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
     std::fs::create_dir_all(&dir).unwrap();
     let png = dir.join(name);
@@ -89,7 +90,7 @@ fn screenshot(bin: &str, url: &str, name: &str) -> PathBuf {
         url,
         &[
             &format!("--screenshot={}", png.display()),
-            "--window-size=1280,2000",
+            &format!("--window-size=1280,{height}"),
             "--hide-scrollbars",
         ],
     );
@@ -211,7 +212,7 @@ fn volumes_and_a_setup_error_as_the_browser_shows_them() {
     });
     let url = format!("http://{}/", ex.addr);
     let dom = dump_dom(bin, &url);
-    screenshot(bin, &url, "status-setup-error.png");
+    screenshot(bin, &url, "status-setup-error.png", 2000);
 
     let t = section(&dom, "volume-t");
     for want in [
@@ -327,9 +328,15 @@ fn postgres_cluster_and_ceiling_bases_as_the_browser_shows_them() {
         .wait_for("basis=postgres", Duration::from_secs(30), |m| {
             m.contains("pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"postgres\"}")
         });
+    // The audit looks at a cluster 10 s after its collector first read it.
+    stack
+        .ex
+        .wait_for("the audit of cluster c", Duration::from_secs(60), |m| {
+            sample(m, "pgstorage_audit_evaluated_checks{cluster=\"c\"}").is_some_and(|n| n > 0.0)
+        });
     let url = stack.url("/");
-    let dom = dump_dom(bin, &url);
-    screenshot(bin, &url, "status.png");
+    let (dom, m) = dom_of_one_audit_pass(bin, &url, &stack.ex);
+    screenshot(bin, &url, "status.png", 2000);
 
     let t = section(&dom, "volume-t");
     for want in ["Volume t", "busy p50", "after idle p50", "provisioned iops"] {
@@ -362,9 +369,240 @@ fn postgres_cluster_and_ceiling_bases_as_the_browser_shows_them() {
     // track_io_timing, track_wal_io_timing (the harness turns both on),
     // then the WAL volume.
     assert!(row.contains(" on on t "), "{clusters}");
+    // The WAL figures name the cluster's window beside the alert's; the
+    // cluster's audit cell counts what /metrics has for it.
+    assert!(
+        clusters.contains(
+            "WAL sync mean last 1 min WAL sync time share last 1 min \
+             (the PgStorageWalSyncSaturated alert: 5 min)"
+        ),
+        "{clusters}"
+    );
+    let c_row = table_row(&dom, "clusters", "c");
+    let own = audit_findings(&m, &["cluster=\"c\""], false);
+    assert_eq!(cell_count(&c_row, "audit"), own, "{c_row}\n{m}");
+    assert_eq!(
+        cell_count(&c_row, "host-wide"),
+        audit_findings(&m, &[], true),
+        "{c_row}\n{m}"
+    );
+    assert!(!c_row.contains("not checked"), "{c_row}");
+    let audit = section(&dom, "audit");
+    assert!(audit.contains("Cluster c "), "{audit}");
+    // What each basis of the ceiling and the cap's utilization are over.
+    assert!(
+        t.contains("the last 1 min (the window) of cluster c")
+            && t.contains("the cap as the latest limits pass read it")
+            && t.contains("utilization over the last "),
+        "{t}"
+    );
     let collectors = section(&dom, "collectors");
     assert!(
         collectors.contains("postgres:c ok") && collectors.contains("probe:t ok"),
         "{collectors}"
     );
+}
+
+/// The `pgstorage_audit_finding` series of a scrape whose labels hold
+/// every `k="v"` of `labels`; host-wide ones (neither `volume` nor
+/// `cluster`) with `host_wide`.
+fn audit_findings(m: &str, labels: &[&str], host_wide: bool) -> usize {
+    samples_with(m, "pgstorage_audit_finding", labels)
+        .iter()
+        .filter(|(s, _)| !host_wide || !(s.contains("volume=") || s.contains("cluster=")))
+        .count()
+}
+
+/// The DOM of `url` together with a scrape of the same audit pass: the
+/// page is rendered between two scrapes that show the same latest pass.
+fn dom_of_one_audit_pass(bin: &str, url: &str, ex: &Exporter) -> (String, String) {
+    let last = |m: &str| sample(m, "pgstorage_audit_last_run_timestamp_seconds");
+    for _ in 0..5 {
+        let before = ex.metrics();
+        let dom = dump_dom(bin, url);
+        let after = ex.metrics();
+        if last(&before).is_some() && last(&before) == last(&after) {
+            return (dom, after);
+        }
+    }
+    panic!("an audit pass ran during each of 5 page loads");
+}
+
+/// The text of the summary row of `volume` (or of the clusters table's
+/// row of a cluster): the text of the `<tr>` whose first cell is `name`.
+fn table_row(dom: &str, table: &str, name: &str) -> String {
+    let start = dom
+        .find(&format!("<table class=\"{table}\""))
+        .unwrap_or_else(|| panic!("no table {table}: {dom}"));
+    let t = &dom[start..start + dom[start..].find("</table>").unwrap()];
+    let tr = t
+        .split("<tr>")
+        .find(|r| r.starts_with(&format!("<td>{name}</td>")))
+        .unwrap_or_else(|| panic!("no row {name} in {table}: {t}"));
+    text(tr.split("</tr>").next().unwrap())
+}
+
+/// The count before `what` in a findings cell ("1 probe, 2 audit, 3
+/// host-wide (1 ignored)"), 0 when the cell has none of it.
+fn cell_count(cell: &str, what: &str) -> usize {
+    let words: Vec<&str> = cell
+        .split(|c: char| c == ',' || c == '(' || c == ')' || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .collect();
+    words
+        .windows(2)
+        .find(|w| w[1] == what)
+        .map_or(0, |w| w[0].parse().unwrap())
+}
+
+/// Two volumes in memory (a tmpfs under /dev/shm): the audit reports
+/// `memory_filesystem` (critical) on `mem`, and `scratch` silences it with
+/// `audit.ignore`. The page's audit section lists the finding with its
+/// evidence and fix; `mem`'s findings cell is not "none" and counts the
+/// audit findings /metrics has for it, and the host-wide ones as /metrics
+/// has them; `scratch` says one is ignored; each windowed figure names its
+/// window (1 min here).
+#[test]
+fn audit_findings_and_the_windows_as_the_browser_shows_them() {
+    let Some(bin) = chromium("the status page audit test") else {
+        return;
+    };
+    let shm_tmpfs = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.contains(" /dev/shm ") && l.contains(" - tmpfs "));
+    if !shm_tmpfs {
+        cannot_run(
+            Part::Root,
+            "audit_findings_and_the_windows_as_the_browser_shows_them",
+            "/dev/shm is not a tmpfs here",
+        );
+        return;
+    }
+    let shm = tempfile::tempdir_in("/dev/shm").unwrap();
+    let (mem, scratch) = (shm.path().join("mem"), shm.path().join("scratch"));
+    std::fs::create_dir_all(&mem).unwrap();
+    std::fs::create_dir_all(&scratch).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.toml");
+    // audit_interval an hour: after the pass at start and the one 10 s
+    // later, the findings stay as they are while the page is compared
+    // with /metrics.
+    std::fs::write(
+        &cfg,
+        format!(
+            "window = \"1m\"\naudit_interval = \"1h\"\n\
+             [defaults]\ninterval = \"100ms\"\nread_file_size = \"1MiB\"\nbusy_every = \"5s\"\n\
+             free_space_reserve = \"0\"\n\
+             [[volume]]\nname = \"mem\"\npath = \"{}\"\n\
+             [[volume]]\nname = \"scratch\"\npath = \"{}\"\n\
+             audit.ignore = [\"memory_filesystem\"]\n",
+            mem.display(),
+            scratch.display()
+        ),
+    )
+    .unwrap();
+    let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
+    ex.wait_for(
+        "memory_filesystem on mem and the probe ceiling",
+        Duration::from_secs(60),
+        |m| {
+            sample(m, "pgstorage_audit_runs_total").is_some_and(|r| r >= 2.0)
+                && sample(
+                    m,
+                    "pgstorage_audit_finding{code=\"memory_filesystem\",severity=\"critical\",volume=\"mem\"}",
+                ) == Some(1.0)
+                && sample(
+                    m,
+                    "pgstorage_commit_ceiling_per_second{volume=\"mem\",basis=\"probe_mean\"}",
+                )
+                .is_some()
+        },
+    );
+    let url = format!("http://{}/", ex.addr);
+    let (dom, m) = dom_of_one_audit_pass(bin, &url, &ex);
+    // Tall enough for the audit section below the volumes.
+    screenshot(bin, &url, "status-audit.png", 4000);
+    assert!(
+        !m.contains("code=\"memory_filesystem\",severity=\"critical\",volume=\"scratch\""),
+        "{m}"
+    );
+
+    // The audit section: the finding with its evidence, meaning and fix,
+    // and as many findings in all as /metrics has.
+    let audit = section(&dom, "audit");
+    let group = |title: &str| {
+        let g = audit
+            .split_once(title)
+            .unwrap_or_else(|| panic!("no group {title:?}: {audit}"))
+            .1;
+        ["Volume ", "Cluster "]
+            .iter()
+            .filter_map(|next| g.find(next))
+            .min()
+            .map_or(g, |end| &g[..end])
+            .to_string()
+    };
+    assert!(audit.contains("Host (kernel settings"), "{audit}");
+    let mem_group = group("Volume mem ");
+    for want in [
+        "critical memory_filesystem mountinfo fstype = tmpfs The volume lives in memory",
+        "put the data and WAL on a disk-backed filesystem (ext4 or XFS)",
+    ] {
+        assert!(
+            mem_group.contains(want),
+            "{want:?} missing from mem's audit: {mem_group}"
+        );
+    }
+    let scratch_group = group("Volume scratch ");
+    assert!(
+        scratch_group
+            .contains("Silenced by audit.ignore, not counted as findings: 1 (memory_filesystem).")
+            && !scratch_group.contains("critical"),
+        "{scratch_group}"
+    );
+    let total = audit_findings(&m, &[], false);
+    let stated = audit
+        .split_once(" ago: ")
+        .and_then(|(_, r)| r.split_once(" finding"))
+        .map(|(n, _)| n.parse::<usize>().unwrap())
+        .unwrap_or_else(|| panic!("no count of findings: {audit}"));
+    assert_eq!(stated, total, "{audit}\n{m}");
+
+    // Each volume's findings cell agrees with /metrics, and mem's is not
+    // "none".
+    let host_wide = audit_findings(&m, &[], true);
+    for (volume, ignored) in [("mem", 0), ("scratch", 1)] {
+        let r = table_row(&dom, "summary", volume);
+        let own = audit_findings(&m, &[&format!("volume=\"{volume}\"")], false);
+        assert_eq!(cell_count(&r, "audit"), own, "{volume}: {r}\n{m}");
+        assert_eq!(cell_count(&r, "host-wide"), host_wide, "{volume}: {r}\n{m}");
+        assert_eq!(cell_count(&r, "ignored"), ignored, "{volume}: {r}");
+        eprintln!("{volume}: {own} audit, {host_wide} host-wide in /metrics; row: {r}");
+    }
+    let mem_row = table_row(&dom, "summary", "mem");
+    assert!(!mem_row.contains("none"), "{mem_row}");
+    assert!(cell_count(&mem_row, "audit") >= 1, "{mem_row}");
+    let v = section(&dom, "volume-mem");
+    assert!(
+        v.contains("Audit, critical memory_filesystem : The volume lives in memory"),
+        "{v}"
+    );
+
+    // The windows, beside the figures.
+    let summary = section(&dom, "summary");
+    for want in [
+        "commit p50 busy last 1 min",
+        "read p50 after idle last 1 min",
+        "probe_mean last 1 min",
+    ] {
+        assert!(summary.contains(want), "{want:?} missing: {summary}");
+    }
+    for want in [
+        "Latency, last 1 min (the window)",
+        "the last 1 min (the window), busy bursts",
+        "Probe errors since start",
+    ] {
+        assert!(v.contains(want), "{want:?} missing from volume mem: {v}");
+    }
 }

@@ -422,14 +422,15 @@ fn commit_ceiling(
         }
         if v.commit_probe
             && s.rate_phase(Op::Commit).is_none()
-            && let Some(need) = s.rate_min_samples[0]
+            && let (Some(need), Some(bursts)) = (s.rate_min_samples[0], s.rate_min_bursts[0])
         {
             let _ = write!(
                 o,
-                "<p>The probe's ceilings wait for {need} busy commits in the window, the last {} \
-                 ({} so far): one burst is one moment of the host, and they are read from \
-                 several.</p>",
+                "<p>The probe's ceilings wait for {bursts} bursts and {need} busy commits in the \
+                 window, the last {} ({} bursts, {} commits so far): one burst is one moment of \
+                 the host, and they are read from several.</p>",
                 span(v.window.as_secs_f64()),
+                s.bursts[0],
                 s.samples[series(Op::Commit, Phase::Busy)]
             );
         }

@@ -55,6 +55,15 @@ pub struct Check {
 
 /// Every check, critical ones first. Codes are stable: alerts, the
 /// `audit.ignore` lists and JSON consumers key on them.
+///
+/// Critical: data can be lost. Warning: a cost measured on this host's
+/// storage path (where WAL lives, how checkpoints are triggered, the disk's
+/// queue), worth a ticket. Info: advice. Every host-wide kernel setting is
+/// advice: the stock value of each on most distributions, whose cost
+/// depends on memory pressure and workload the audit does not see, so a
+/// fresh host would otherwise open half a dozen tickets that no one acts
+/// on. `wal_compression` is advice too: PostgreSQL ships it off, and it
+/// trades CPU for WAL volume.
 pub const CHECKS: &[Check] = &[
     // fsync is off
     c("fsync_off", Severity::Critical, Scope::Cluster),
@@ -74,32 +83,28 @@ pub const CHECKS: &[Check] = &[
     c("wal_shares_data_volume", Severity::Warning, Scope::Cluster),
     // checkpoints forced by WAL volume
     c("checkpoints_requested", Severity::Warning, Scope::Cluster),
-    // wal_compression is off
-    c("wal_compression_off", Severity::Warning, Scope::Cluster),
-    // transparent huge pages always
-    c("thp_always", Severity::Warning, Scope::Host),
-    // vm.dirty_ratio allows > 4 GiB
-    c("dirty_ratio_large", Severity::Warning, Scope::Host),
-    // vm.dirty_background_ratio allows > 1 GiB
-    c(
-        "dirty_background_ratio_large",
-        Severity::Warning,
-        Scope::Host,
-    ),
-    // vm.swappiness above 10
-    c("swappiness_high", Severity::Warning, Scope::Host),
-    // vm.zone_reclaim_mode is not 0
-    c("zone_reclaim_on", Severity::Warning, Scope::Host),
     // huge_pages=try with too few huge pages reserved
     c("huge_pages_shortfall", Severity::Warning, Scope::Cluster),
-    // vm.overcommit_memory is not 2
-    c("overcommit_not_strict", Severity::Warning, Scope::Host),
-    // a kernel setting a reboot would undo
-    c("sysctl_not_persistent", Severity::Warning, Scope::Host),
     // IO scheduler other than none/mq-deadline on SSD or virtual disk
     c("scheduler_on_ssd", Severity::Warning, Scope::Volume),
     // read_ahead_kb above 1 MiB
     c("read_ahead_large", Severity::Warning, Scope::Volume),
+    // wal_compression is off
+    c("wal_compression_off", Severity::Info, Scope::Cluster),
+    // transparent huge pages always
+    c("thp_always", Severity::Info, Scope::Host),
+    // vm.dirty_ratio allows > 4 GiB
+    c("dirty_ratio_large", Severity::Info, Scope::Host),
+    // vm.dirty_background_ratio allows > 1 GiB
+    c("dirty_background_ratio_large", Severity::Info, Scope::Host),
+    // vm.swappiness above 10
+    c("swappiness_high", Severity::Info, Scope::Host),
+    // vm.zone_reclaim_mode is not 0
+    c("zone_reclaim_on", Severity::Info, Scope::Host),
+    // vm.overcommit_memory is not 2
+    c("overcommit_not_strict", Severity::Info, Scope::Host),
+    // a kernel setting a reboot would undo
+    c("sysctl_not_persistent", Severity::Info, Scope::Host),
     // random_page_cost 4 on non-rotational storage
     c("random_page_cost_default", Severity::Info, Scope::Cluster),
     // effective_io_concurrency ≤ 2 on SSD/NVMe

@@ -467,3 +467,36 @@ fn codes_are_unique() {
         assert!(seen.insert(c.code), "duplicate {}", c.code);
     }
 }
+
+/// What each severity promises: a critical finding is one that can lose
+/// data, and host-wide kernel advice never reaches an alert (info), since
+/// the stock value of every such setting would otherwise raise warnings on
+/// every fresh host.
+#[test]
+fn severities_mean_what_they_say() {
+    let sev = |code: &str| check(code).map(|c| c.severity);
+    for code in [
+        "fsync_off",
+        "full_page_writes_off",
+        "memory_filesystem",
+        "barriers_off",
+        "volatile_write_cache",
+    ] {
+        assert_eq!(sev(code), Some(Severity::Critical), "{code}");
+    }
+    let host: Vec<(&str, Severity)> = CHECKS
+        .iter()
+        .filter(|c| c.scope == Scope::Host)
+        .map(|c| (c.code, c.severity))
+        .collect();
+    assert_eq!(host.len(), 7, "{host:?}");
+    assert!(
+        host.iter().all(|(_, s)| *s == Severity::Info),
+        "host-wide kernel advice must be info: {host:?}"
+    );
+    // The table reads critical, warning, info, as its comment says.
+    assert!(
+        CHECKS.windows(2).all(|w| w[0].severity <= w[1].severity),
+        "CHECKS out of severity order"
+    );
+}

@@ -427,7 +427,7 @@ fn fixture_roots_trigger_every_host_and_volume_check_and_sighup_reevaluates() {
     assert_eq!(
         sample(
             &m,
-            "pgstorage_audit_finding{code=\"sysctl_not_persistent\",severity=\"warning\"}"
+            "pgstorage_audit_finding{code=\"sysctl_not_persistent\",severity=\"info\"}"
         ),
         Some(1.0),
         "{m}"
@@ -646,7 +646,7 @@ const PG_CASES: &[PgCase] = &[
         // Off by default: the finding is there from the start, and goes
         // once compression is on.
         code: "wal_compression_off",
-        severity: "warning",
+        severity: "info",
         set: &[Sql("ALTER SYSTEM SET wal_compression = off")],
         reset: &[Sql("ALTER SYSTEM SET wal_compression = pglz")],
     },

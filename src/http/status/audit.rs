@@ -368,7 +368,7 @@ mod tests {
         }
     }
 
-    /// A host with two warnings, a volume `mem` on tmpfs with atime
+    /// A host with two kernel findings (advice), a volume `mem` on tmpfs with atime
     /// silenced, a volume `disk` with nothing found, a volume `blind`
     /// whose facts could not be read, and a cluster with one info.
     fn snapshot() -> AuditSnapshot {
@@ -423,18 +423,18 @@ mod tests {
             cell("mem", 2),
             "<a class=\"bad\" href=\"#volume-mem\">2 probe</a>, \
              <a class=\"bad\" href=\"#audit-volume-mem\" title=\"memory_filesystem, filesystem_choice\">2 audit</a>, \
-             <a class=\"warn\" href=\"#audit-host\">2 host-wide</a> \
+             <a class=\"info\" href=\"#audit-host\">2 host-wide</a> \
              (<a href=\"#audit-volume-mem\">1 ignored</a>)"
         );
         // Nothing on the volume, but the host's findings hold for it.
         assert_eq!(
             cell("disk", 0),
-            "<a class=\"warn\" href=\"#audit-host\">2 host-wide</a>"
+            "<a class=\"info\" href=\"#audit-host\">2 host-wide</a>"
         );
         assert_eq!(
             cell("blind", 0),
             "<a class=\"not-checked\" href=\"#audit-volume-blind\">audit: not checked</a>, \
-             <a class=\"warn\" href=\"#audit-host\">2 host-wide</a>"
+             <a class=\"info\" href=\"#audit-host\">2 host-wide</a>"
         );
         assert_eq!(
             cell("new", 0),
@@ -504,7 +504,7 @@ mod tests {
         // The counts, when, and what is silenced.
         assert!(
             o.contains(
-                "As of the latest pass 60 s ago: 5 findings (1 critical, 2 warning, 2 info); \
+                "As of the latest pass 60 s ago: 5 findings (1 critical, 0 warning, 4 info); \
                  31 checks evaluated, 15 skipped"
             ),
             "{o}"

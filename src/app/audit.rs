@@ -7,10 +7,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use crate::audit::{self, AuditState, ClusterFacts, PgSetting, Report, VolumeFacts};
+use crate::audit::{self, AuditState, ClusterFacts, PgSetting, RateSpan, Report, VolumeFacts};
 use crate::config::AuditSettings;
 use crate::model::verdict::SUSPICIOUS_SYNC_SECONDS;
-use crate::postgres::views::rows::{Checkpoints, Setting};
+use crate::postgres::views::rows::{Checkpoints, Setting, WalStats};
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
 use crate::types::{Op, Phase, series};
@@ -143,6 +143,36 @@ struct Placement {
     data_fs: Option<String>,
     wal_fs: Option<String>,
     data_nonrotational: Option<bool>,
+    /// The size of the filesystem holding pg_wal.
+    wal_fs_bytes: Option<u64>,
+}
+
+/// What was read of the cluster's WAL: pg_stat_wal's latest row, and the
+/// rate over the collector's window (bytes per second, seconds).
+#[derive(Debug, Clone, Copy)]
+struct Wal<'a> {
+    stats: Option<&'a WalStats>,
+    window: Option<(f64, f64)>,
+}
+
+/// The rates the audit sizes max_wal_size from: over the window, and the
+/// mean since pg_stat_wal's reset (a minute at least: a reset just now
+/// says nothing yet).
+fn wal_rates(w: Wal<'_>) -> Vec<audit::WalRate> {
+    let window = w.window.map(|(bytes_per_second, seconds)| audit::WalRate {
+        bytes_per_second,
+        seconds,
+        span: RateSpan::Window,
+    });
+    let since_reset = w.stats.and_then(|s| {
+        let (bytes, seconds) = (s.bytes?, s.seconds_since_reset?);
+        (seconds >= 60.0 && bytes >= 0.0).then(|| audit::WalRate {
+            bytes_per_second: bytes / seconds,
+            seconds,
+            span: RateSpan::SinceReset,
+        })
+    });
+    window.into_iter().chain(since_reset).collect()
 }
 
 /// The cluster's facts from what its session read, wherever it was read
@@ -150,6 +180,7 @@ struct Placement {
 fn cluster_facts(
     settings: &[Setting],
     checkpoints: Option<&Checkpoints>,
+    wal: Wal<'_>,
     at: Placement,
     hugepages_total: Option<u64>,
 ) -> ClusterFacts {
@@ -170,6 +201,8 @@ fn cluster_facts(
         wal_fs: at.wal_fs,
         data_nonrotational: at.data_nonrotational,
         hugepages_total,
+        wal_rates: wal_rates(wal),
+        wal_fs_bytes: at.wal_fs_bytes,
     }
 }
 
@@ -194,14 +227,25 @@ fn snapshot_facts(
         let f = &volumes.iter().find(|(n, _)| n == d)?.1;
         f.rotational.map(|r| !r)
     });
+    let wal_fs = role("wal");
+    let wal_fs_bytes = wal_fs.as_ref().and_then(|w| {
+        let f = &volumes.iter().find(|(n, _)| n == w)?.1;
+        f.size_bytes
+    });
     let at = Placement {
-        wal_fs: role("wal"),
+        wal_fs,
         data_fs,
         data_nonrotational,
+        wal_fs_bytes,
+    };
+    let wal = Wal {
+        stats: stats.wal.as_ref(),
+        window: c.wal_rate,
     };
     Some(cluster_facts(
         &stats.settings,
         stats.checkpoints.as_ref(),
+        wal,
         at,
         hugepages_total,
     ))
@@ -246,7 +290,7 @@ pub(crate) fn check_cluster(
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let (settings, checkpoints) = rt.block_on(async {
+    let (settings, checkpoints, wal_stats) = rt.block_on(async {
         let within = std::time::Duration::from_secs(10);
         let conn = tokio::time::timeout(within, crate::postgres::tls::connect(&target))
             .await
@@ -266,7 +310,10 @@ pub(crate) fn check_cluster(
         let checkpoints = crate::postgres::views::checkpoints::read(db, version)
             .await
             .map_err(|e| anyhow::anyhow!("reading the checkpoint statistics: {e}"))?;
-        Ok::<_, anyhow::Error>((settings, checkpoints))
+        let wal = crate::postgres::views::wal::read(db, version, false)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading the WAL statistics: {e}"))?;
+        Ok::<_, anyhow::Error>((settings, checkpoints, wal))
     })?;
     let data = settings
         .iter()
@@ -294,11 +341,28 @@ pub(crate) fn check_cluster(
         }
         _ => None,
     };
+    let wal_fs_bytes = wal
+        .as_ref()
+        .zip(data.as_ref())
+        .and_then(|(_, d)| audit::read::fs_size(&d.join("pg_wal")));
     let at = Placement {
         data_fs: local.map(|f| f.majmin),
         wal_fs: wal.map(|f| f.majmin),
         data_nonrotational,
+        wal_fs_bytes,
     };
-    let facts = cluster_facts(&settings, checkpoints.as_ref(), at, host.hugepages_total);
+    // One session reads the WAL counters once: the rate is their mean
+    // since the statistics reset, the span the checkpoint counters cover.
+    let wal = Wal {
+        stats: wal_stats.as_ref(),
+        window: None,
+    };
+    let facts = cluster_facts(
+        &settings,
+        checkpoints.as_ref(),
+        wal,
+        at,
+        host.hugepages_total,
+    );
     Ok((audit::evaluate_cluster(&facts), data))
 }

@@ -248,6 +248,8 @@ pub(crate) struct VolumeFacts {
     /// The probe saw syncs faster than stable media can make data durable
     /// (`check`'s `sync_too_fast`); `None` before any commit probe.
     pub(crate) sync_too_fast: Option<bool>,
+    /// The filesystem's size in bytes (statvfs).
+    pub(crate) size_bytes: Option<u64>,
 }
 
 /// One pg_settings row.
@@ -275,6 +277,29 @@ pub(crate) struct ClusterFacts {
     pub(crate) data_nonrotational: Option<bool>,
     /// HugePages_Total of the host the cluster runs on.
     pub(crate) hugepages_total: Option<u64>,
+    /// WAL generated per second: over the collector's window, and since
+    /// pg_stat_wal's statistics reset, where known.
+    pub(crate) wal_rates: Vec<WalRate>,
+    /// The size of the filesystem holding pg_wal, when it is known here.
+    pub(crate) wal_fs_bytes: Option<u64>,
+}
+
+/// WAL generated per second (pg_stat_wal.wal_bytes), over `seconds`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WalRate {
+    pub(crate) bytes_per_second: f64,
+    pub(crate) seconds: f64,
+    pub(crate) span: RateSpan,
+}
+
+/// Which span a WAL rate covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateSpan {
+    /// The last `seconds` the collector watched (its window).
+    Window,
+    /// Since pg_stat_wal's statistics reset, `seconds` ago: the span the
+    /// checkpoint counters usually cover too.
+    SinceReset,
 }
 
 impl ClusterFacts {
@@ -284,6 +309,7 @@ impl ClusterFacts {
 }
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+const MIB: f64 = 1024.0 * 1024.0;
 
 fn gib(bytes: f64) -> String {
     format!("{:.1} GiB", bytes / GIB)
@@ -857,15 +883,35 @@ fn cluster_wal(cf: &ClusterFacts, o: &mut Outcome) {
             let max_wal = cf.get("max_wal_size")?.numeric?;
             let total = t + r;
             if total > 0.0 && r / total > 0.2 && max_wal < 4.0 * GIB {
+                let sized = size_max_wal(&WalSizingInput {
+                    current: max_wal,
+                    rate: busiest(&cf.wal_rates),
+                    checkpoint_timeout: cf
+                        .get("checkpoint_timeout")
+                        .and_then(|s| s.numeric)
+                        .unwrap_or(DEFAULT_CHECKPOINT_TIMEOUT),
+                    completion_target: cf
+                        .get("checkpoint_completion_target")
+                        .and_then(|s| s.numeric)
+                        .unwrap_or(DEFAULT_COMPLETION_TARGET),
+                    wal_fs_bytes: cf.wal_fs_bytes,
+                });
+                let fix = match sized.bytes {
+                    Some(b) => alter("max_wal_size", &pg_size(b)),
+                    None => "move pg_wal to a larger filesystem: this one cannot hold a larger \
+                             max_wal_size"
+                        .to_string(),
+                };
                 found(
                     format!(
-                        "checkpoints requested {r} of {total} ({:.0} %), max_wal_size = {}",
+                        "checkpoints requested {r} of {total} ({:.0} %), max_wal_size = {}; {}",
                         100.0 * r / total,
-                        gib(max_wal)
+                        human(max_wal),
+                        sized.basis
                     ),
                     "Checkpoints are forced by WAL volume rather than by time: each one writes \
                      back and full-page-writes again, multiplying IO",
-                    alter("max_wal_size", "16GB"),
+                    fix,
                 )
             } else {
                 PASS
@@ -887,6 +933,169 @@ fn cluster_wal(cf: &ClusterFacts, o: &mut Outcome) {
             }
         }),
     );
+}
+
+/// PostgreSQL's defaults, for a server that does not show the setting.
+const DEFAULT_CHECKPOINT_TIMEOUT: f64 = 300.0;
+const DEFAULT_COMPLETION_TARGET: f64 = 0.9;
+
+/// How much more WAL than the window's mean a checkpoint cycle should have
+/// room for: the window (15 minutes by default) is not the day's peak.
+const WAL_HEADROOM: f64 = 1.5;
+
+/// The largest `max_wal_size` suggested, whatever the rate: beyond it a
+/// checkpoint_timeout's worth of WAL is better met with a shorter
+/// checkpoint_timeout or faster WAL storage than with more disk.
+const MAX_WAL_CAP: f64 = 64.0 * GIB;
+
+/// The share of the WAL filesystem `max_wal_size` may take: pg_wal grows
+/// past it under load (it is a soft limit), and replication slots,
+/// wal_keep_size or a failing archive_command keep more on top, so a
+/// suggestion never takes more than a quarter of the filesystem.
+const WAL_FS_SHARE: f64 = 0.25;
+
+/// What the `checkpoints_requested` fix is sized from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WalSizingInput {
+    /// max_wal_size now, in bytes.
+    pub(crate) current: f64,
+    pub(crate) rate: Option<WalRate>,
+    /// checkpoint_timeout in seconds.
+    pub(crate) checkpoint_timeout: f64,
+    pub(crate) completion_target: f64,
+    pub(crate) wal_fs_bytes: Option<u64>,
+}
+
+/// A suggested max_wal_size and the figures it comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WalSizing {
+    /// In bytes; `None` when the WAL filesystem leaves no room above the
+    /// current value.
+    pub(crate) bytes: Option<u64>,
+    pub(crate) basis: String,
+}
+
+/// The max_wal_size that lets checkpoint_timeout, not WAL volume, start
+/// checkpoints at the observed WAL rate. PostgreSQL (11 and later) requests
+/// a checkpoint once the WAL since the last one's start exceeds
+/// max_wal_size / (1 + checkpoint_completion_target), so a
+/// checkpoint_timeout's worth of WAL needs rate × timeout × (1 + target),
+/// and [`WAL_HEADROOM`] on top. When that is not above the current value
+/// (a quiet window, or requested checkpoints that were CHECKPOINT
+/// commands), or no rate was seen yet, twice the current value: the
+/// requested checkpoints say more room was needed, not how much. Rounded
+/// up to 256 MB steps under 1 GB and whole GB above, never below the
+/// current value, at most [`MAX_WAL_CAP`] and [`WAL_FS_SHARE`] of the WAL
+/// filesystem.
+pub(crate) fn size_max_wal(i: &WalSizingInput) -> WalSizing {
+    let factor = 1.0 + i.completion_target.clamp(0.0, 1.0);
+    let mut basis;
+    let mut want = match i.rate {
+        Some(r) => {
+            let need = r.bytes_per_second * i.checkpoint_timeout * factor * WAL_HEADROOM;
+            let over = match r.span {
+                RateSpan::Window => format!("over the last {:.0} s", r.seconds),
+                RateSpan::SinceReset => {
+                    format!("since the statistics reset {:.0} s ago", r.seconds)
+                }
+            };
+            basis = format!(
+                "WAL {:.2} MiB/s {over} × checkpoint_timeout {:.0} s × \
+                 (1 + checkpoint_completion_target {}) × {WAL_HEADROOM} headroom = {}",
+                r.bytes_per_second / MIB,
+                i.checkpoint_timeout,
+                i.completion_target,
+                human(need)
+            );
+            if need > i.current {
+                need
+            } else {
+                basis.push_str(&format!(
+                    ", within max_wal_size: the requested checkpoints came from a busier \
+                     time or CHECKPOINT commands; twice the current {}",
+                    human(i.current)
+                ));
+                2.0 * i.current
+            }
+        }
+        None => {
+            basis = format!(
+                "no WAL rate seen yet: twice the current {}",
+                human(i.current)
+            );
+            2.0 * i.current
+        }
+    };
+    want = round_up(want);
+    let (cap, why) = match i.wal_fs_bytes {
+        Some(fs) if (fs as f64) * WAL_FS_SHARE < MAX_WAL_CAP => (
+            round_down((fs as f64) * WAL_FS_SHARE),
+            format!("a quarter of the WAL filesystem's {}", human(fs as f64)),
+        ),
+        _ => (MAX_WAL_CAP, format!("at most {}", human(MAX_WAL_CAP))),
+    };
+    if want > cap {
+        basis.push_str(&format!("; capped at {} ({why})", human(cap)));
+        want = cap;
+    }
+    let bytes = (want > i.current).then_some(want as u64);
+    if bytes.is_none() {
+        basis.push_str(&format!(
+            "; {} is no more than the current value",
+            human(want)
+        ));
+    }
+    WalSizing { bytes, basis }
+}
+
+/// The higher WAL rate: the window's shows a recent peak the long mean
+/// dilutes, the mean since the reset a busy period the window missed.
+fn busiest(rates: &[WalRate]) -> Option<WalRate> {
+    rates
+        .iter()
+        .copied()
+        .filter(|r| r.bytes_per_second.is_finite() && r.bytes_per_second >= 0.0)
+        .reduce(|a, b| {
+            if b.bytes_per_second > a.bytes_per_second {
+                b
+            } else {
+                a
+            }
+        })
+}
+
+/// The step a max_wal_size is rounded to: 256 MB under 1 GB, else 1 GB.
+fn step(bytes: f64) -> f64 {
+    if bytes < GIB { 256.0 * MIB } else { GIB }
+}
+
+fn round_up(bytes: f64) -> f64 {
+    let s = step(bytes);
+    ((bytes / s).ceil() * s).max(256.0 * MIB)
+}
+
+fn round_down(bytes: f64) -> f64 {
+    let s = step(bytes);
+    (bytes / s).floor() * s
+}
+
+/// A size as PostgreSQL's settings read it (MB and GB are 1024-based).
+fn pg_size(bytes: u64) -> String {
+    let (gib, mib) = (GIB as u64, MIB as u64);
+    if bytes >= gib && bytes % gib == 0 {
+        format!("{}GB", bytes / gib)
+    } else {
+        format!("{}MB", bytes.div_ceil(mib))
+    }
+}
+
+/// A size for the evidence: MiB under 1 GiB, else GiB.
+fn human(bytes: f64) -> String {
+    if bytes < GIB {
+        format!("{:.0} MiB", bytes / MIB)
+    } else {
+        gib(bytes)
+    }
 }
 
 /// Memory and planner settings that do not fit the host's storage.

@@ -268,6 +268,13 @@ const VIRTUAL_VENDORS: &[&str] = &["QEMU", "VMware", "Msft", "Google", "Amazon",
 
 /// `sync_too_fast` comes from the probe; the rest from the roots. `disk`
 /// is the whole disk under the volume, when there is one.
+/// The size of the filesystem holding `path` (statvfs: blocks × fragment
+/// size); `None` when it cannot be read.
+pub(crate) fn fs_size(path: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(path).ok()?;
+    Some(st.f_blocks.saturating_mul(st.f_frsize))
+}
+
 pub(crate) fn volume(
     proc_root: &Path,
     sys_root: &Path,
@@ -300,6 +307,7 @@ pub(crate) fn volume(
         mount_options: mount.map(|m| m.options.clone()),
         disk: disk.map(str::to_string),
         sync_too_fast,
+        size_bytes: majmin.as_ref().and_then(|_| fs_size(path)),
         ..VolumeFacts::default()
     };
     if let Some(d) = disk {

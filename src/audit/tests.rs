@@ -48,6 +48,7 @@ fn good_volume() -> VolumeFacts {
         read_ahead_kb: Some(128),
         virtual_disk: false,
         sync_too_fast: Some(false),
+        size_bytes: Some(100 * GIB_U),
     }
 }
 
@@ -80,6 +81,8 @@ fn good_cluster() -> ClusterFacts {
         wal_fs: Some("7:3".into()),
         data_nonrotational: Some(true),
         hugepages_total: Some(100),
+        wal_rates: Vec::new(),
+        wal_fs_bytes: None,
     }
 }
 
@@ -499,4 +502,171 @@ fn severities_mean_what_they_say() {
         CHECKS.windows(2).all(|w| w[0].severity <= w[1].severity),
         "CHECKS out of severity order"
     );
+}
+
+const MIB_F: f64 = 1024.0 * 1024.0;
+
+fn sized(current: f64, rate_mib: Option<f64>, timeout: f64, fs_gib: Option<u64>) -> WalSizing {
+    size_max_wal(&WalSizingInput {
+        current,
+        rate: rate_mib.map(|r| WalRate {
+            bytes_per_second: r * MIB_F,
+            seconds: 900.0,
+            span: RateSpan::Window,
+        }),
+        checkpoint_timeout: timeout,
+        completion_target: 0.9,
+        wal_fs_bytes: fs_gib.map(|g| g * GIB_U),
+    })
+}
+
+/// (current, MiB/s, checkpoint_timeout s, WAL filesystem GiB, want).
+type SizingCase = (f64, Option<f64>, f64, Option<u64>, Option<u64>);
+
+/// max_wal_size is sized from the WAL rate: a checkpoint_timeout's worth
+/// at the observed rate × (1 + checkpoint_completion_target) × 1.5,
+/// rounded up, never below the current value, capped.
+#[test]
+fn max_wal_size_is_sized_from_the_wal_rate() {
+    let g = |n: u64| Some(n * GIB_U);
+    let m = |n: u64| Some(n * 1024 * 1024);
+    let table: &[SizingCase] = &[
+        // pgbench on a 160 MB database: 2 MiB/s is 1,710 MiB a
+        // checkpoint_timeout with the factors, so 2 GB, not 16.
+        (GIB, Some(2.0), 300.0, None, g(2)),
+        (GIB, Some(2.0), 300.0, Some(100), g(2)),
+        // A longer checkpoint_timeout needs more WAL between checkpoints.
+        (GIB, Some(2.0), 900.0, None, g(6)),
+        // Heavy: 40 MiB/s is 33.4 GiB.
+        (GIB, Some(40.0), 300.0, None, g(34)),
+        // ... on a 100 GiB WAL filesystem, a quarter of it.
+        (GIB, Some(40.0), 300.0, Some(100), g(25)),
+        // Very heavy: at most 64 GB.
+        (GIB, Some(200.0), 300.0, None, g(64)),
+        // A quiet window, or no rate yet: twice the current value.
+        (GIB, Some(0.5), 300.0, None, g(2)),
+        (GIB, None, 300.0, None, g(2)),
+        (3.0 * GIB, None, 300.0, None, g(6)),
+        // Small values round up to 256 MB steps.
+        (32.0 * MIB_F, Some(0.001), 300.0, None, m(256)),
+        (512.0 * MIB_F, Some(0.5), 300.0, None, m(1024)),
+        // A filesystem too small for more than the current value.
+        (GIB, Some(2.0), 300.0, Some(4), None),
+    ];
+    for &(current, rate, timeout, fs, want) in table {
+        let s = sized(current, rate, timeout, fs);
+        assert_eq!(
+            s.bytes, want,
+            "current {current}, {rate:?} MiB/s, timeout {timeout}, fs {fs:?}: {}",
+            s.basis
+        );
+        if let Some(b) = s.bytes {
+            assert!(b as f64 > current, "never below the current value: {s:?}");
+        }
+    }
+    // The evidence shows the figures used.
+    let s = sized(GIB, Some(2.0), 300.0, None);
+    assert_eq!(
+        s.basis,
+        "WAL 2.00 MiB/s over the last 900 s × checkpoint_timeout 300 s × \
+         (1 + checkpoint_completion_target 0.9) × 1.5 headroom = 1.7 GiB"
+    );
+    assert!(
+        sized(GIB, Some(200.0), 300.0, Some(100))
+            .basis
+            .ends_with("; capped at 25.0 GiB (a quarter of the WAL filesystem's 100.0 GiB)"),
+        "{:?}",
+        sized(GIB, Some(200.0), 300.0, Some(100))
+    );
+    assert!(
+        sized(GIB, None, 300.0, None)
+            .basis
+            .starts_with("no WAL rate seen yet")
+    );
+}
+
+/// The finding's fix is the sized value, and its evidence the figures.
+#[test]
+fn checkpoints_requested_fix_is_sized_to_the_cluster() {
+    let mut c = good_cluster();
+    c.checkpoints_requested = Some(30.0);
+    // The busier of the window and the mean since the reset.
+    c.wal_rates = vec![
+        WalRate {
+            bytes_per_second: 0.2 * MIB_F,
+            seconds: 86400.0,
+            span: RateSpan::SinceReset,
+        },
+        WalRate {
+            bytes_per_second: 2.0 * MIB_F,
+            seconds: 900.0,
+            span: RateSpan::Window,
+        },
+    ];
+    let o = evaluate_cluster(&c);
+    let f = o
+        .findings
+        .iter()
+        .find(|f| f.code == "checkpoints_requested")
+        .expect("finding");
+    assert_eq!(
+        f.fix,
+        "ALTER SYSTEM SET max_wal_size = '2GB'; SELECT pg_reload_conf();"
+    );
+    assert!(
+        f.evidence.contains("WAL 2.00 MiB/s over the last 900 s"),
+        "{}",
+        f.evidence
+    );
+    assert!(
+        f.evidence
+            .starts_with("checkpoints requested 30 of 120 (25 %)"),
+        "{}",
+        f.evidence
+    );
+    // The settings the server shows are used: a 15-minute
+    // checkpoint_timeout triples it.
+    with_setting(&mut c, "checkpoint_timeout", "900", Some(900.0));
+    with_setting(&mut c, "checkpoint_completion_target", "0.9", Some(0.9));
+    let o = evaluate_cluster(&c);
+    let f = o
+        .findings
+        .iter()
+        .find(|f| f.code == "checkpoints_requested")
+        .expect("finding");
+    assert!(f.fix.contains("'6GB'"), "{}", f.fix);
+    // A WAL filesystem with no room above the current value.
+    c.wal_fs_bytes = Some(2 * GIB_U);
+    let o = evaluate_cluster(&c);
+    let f = o
+        .findings
+        .iter()
+        .find(|f| f.code == "checkpoints_requested")
+        .expect("finding");
+    assert!(
+        f.fix.starts_with("move pg_wal to a larger filesystem"),
+        "{}",
+        f.fix
+    );
+    // `check` reads the counters once: the mean since the reset.
+    c.wal_fs_bytes = None;
+    with_setting(&mut c, "checkpoint_timeout", "300", Some(300.0));
+    c.wal_rates = vec![WalRate {
+        bytes_per_second: 3.0 * MIB_F,
+        seconds: 660.0,
+        span: RateSpan::SinceReset,
+    }];
+    let o = evaluate_cluster(&c);
+    let f = o
+        .findings
+        .iter()
+        .find(|f| f.code == "checkpoints_requested")
+        .expect("finding");
+    assert!(
+        f.evidence
+            .contains("WAL 3.00 MiB/s since the statistics reset 660 s ago"),
+        "{}",
+        f.evidence
+    );
+    assert!(f.fix.contains("'3GB'"), "{}", f.fix);
 }

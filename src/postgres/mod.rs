@@ -85,6 +85,9 @@ struct Inner {
     intervals: VecDeque<(Instant, WalInterval)>,
     /// (when, fastest round trip) of the scrapes within the window.
     round_trips: VecDeque<(Instant, f64)>,
+    /// (when, pg_stat_wal.wal_bytes) readings within the window, since the
+    /// counter last went back (a statistics reset, a restart).
+    wal_bytes: VecDeque<(Instant, f64)>,
 }
 
 impl ClusterState {
@@ -102,6 +105,7 @@ impl ClusterState {
                 span_start: None,
                 intervals: VecDeque::new(),
                 round_trips: VecDeque::new(),
+                wal_bytes: VecDeque::new(),
             }),
         })
     }
@@ -138,6 +142,8 @@ impl ClusterState {
             i.intervals.clear();
             i.round_trips.clear();
             i.snap.round_trip = None;
+            i.wal_bytes.clear();
+            i.snap.wal_rate = None;
             i.snap.wal_sync_mean = None;
             i.snap.wal_one_commit = None;
             i.snap.wal_sync_share = None;
@@ -222,6 +228,23 @@ impl ClusterState {
             // The fastest over the window: a lower bound of every round
             // trip, so the ceiling it goes into stays an upper bound.
             i.snap.round_trip = i.round_trips.iter().map(|&(_, rt)| rt).reduce(f64::min);
+            match stats.wal.as_ref().and_then(|w| w.bytes) {
+                Some(b) => {
+                    if i.wal_bytes.back().is_some_and(|&(_, prev)| b < prev) {
+                        i.wal_bytes.clear();
+                    }
+                    i.wal_bytes.push_back((now, b));
+                    while i
+                        .wal_bytes
+                        .front()
+                        .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+                    {
+                        i.wal_bytes.pop_front();
+                    }
+                }
+                None => i.wal_bytes.clear(),
+            }
+            i.snap.wal_rate = wal_rate(&i.wal_bytes);
             i.snap.up = true;
             i.snap.stats = Some(Arc::new(stats));
             i.snap.scrape_seconds = Some(seconds);
@@ -232,6 +255,21 @@ impl ClusterState {
 /// The most collection intervals kept per cluster: a 15-minute window at a
 /// 1 s scrape interval is 900.
 const MAX_INTERVALS: usize = 4096;
+
+/// The shortest span a WAL rate is given over: a few scrapes of a quiet
+/// cluster are noise, and a checkpoint's burst of full-page images
+/// lasts longer than that.
+const WAL_RATE_MIN_SPAN: Duration = Duration::from_secs(60);
+
+/// WAL generated per second over the readings (first to last), and the
+/// span in seconds: what the audit sizes `max_wal_size` from. `None` over
+/// less than [`WAL_RATE_MIN_SPAN`].
+fn wal_rate(readings: &VecDeque<(Instant, f64)>) -> Option<(f64, f64)> {
+    let (&(t0, b0), &(t1, b1)) = (readings.front()?, readings.back()?);
+    let span = t1.saturating_duration_since(t0);
+    (span >= WAL_RATE_MIN_SPAN && b1 >= b0)
+        .then(|| ((b1 - b0) / span.as_secs_f64(), span.as_secs_f64()))
+}
 
 /// The cumulative counters a [`WalInterval`] is the growth of: WAL syncs,
 /// WAL write + sync seconds (the sync time alone where the server reports
@@ -821,6 +859,32 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_wal_rate_spans_the_window_and_restarts_after_a_reset() {
+        let c = ClusterState::new("c", Duration::from_secs(600));
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mib = 1024.0 * 1024.0;
+        let rate = |c: &ClusterState| c.snapshot().wal_rate;
+        c.store(wal(1.0, 0.001, None, 100.0 * mib, 1.0), 0.01, at(0));
+        c.store(wal(2.0, 0.002, None, 130.0 * mib, 2.0), 0.01, at(30));
+        assert_eq!(rate(&c), None, "under a minute: no rate");
+        c.store(wal(3.0, 0.003, None, 220.0 * mib, 3.0), 0.01, at(60));
+        assert_eq!(rate(&c), Some((2.0 * mib, 60.0)));
+        // Ten minutes on at 1 MiB/s: the first readings leave the window,
+        // and the rate is the window's, not the first minute's.
+        c.store(wal(4.0, 0.004, None, 820.0 * mib, 4.0), 0.01, at(660));
+        assert_eq!(rate(&c), Some((1.0 * mib, 600.0)));
+        // A statistics reset: the counter goes back, and the rate waits for
+        // a minute of new readings.
+        c.store(wal(5.0, 0.005, None, 1.0 * mib, 5.0), 0.01, at(670));
+        assert_eq!(rate(&c), None);
+        c.store(wal(6.0, 0.006, None, 31.0 * mib, 6.0), 0.01, at(730));
+        assert_eq!(rate(&c), Some((0.5 * mib, 60.0)));
+        c.down();
+        assert_eq!(rate(&c), None);
     }
 
     #[test]

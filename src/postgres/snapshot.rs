@@ -63,6 +63,10 @@ pub(crate) struct ClusterSnapshot {
     /// (`views::round_trip`): added to the WAL time in the `postgres`
     /// commit ceiling basis.
     pub(crate) round_trip: Option<f64>,
+    /// WAL generated per second over the window (pg_stat_wal.wal_bytes), and
+    /// the seconds it spans: (bytes per second, seconds). `None` before a
+    /// minute of readings, and on servers without pg_stat_wal.
+    pub(crate) wal_rate: Option<(f64, f64)>,
     /// The latest failure: (what failed, cause label, unix time).
     pub(crate) last_error: Option<(&'static str, &'static str, f64)>,
 }

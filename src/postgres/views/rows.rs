@@ -51,6 +51,10 @@ pub(crate) struct WalStats {
     pub(crate) fpi: Option<f64>,
     pub(crate) bytes: Option<f64>,
     pub(crate) buffers_full: Option<f64>,
+    /// Seconds since pg_stat_wal's statistics were reset (at the first
+    /// start, after a crash, or by pg_stat_reset_shared): the span its
+    /// counters cover.
+    pub(crate) seconds_since_reset: Option<f64>,
 }
 
 /// pg_stat_database summed over all databases (`database.rs`).

@@ -13,7 +13,7 @@ use crate::postgres::views::rows::Setting;
 
 /// Settings that decide how PostgreSQL does IO: the first [`EXPORTED_LEN`]
 /// are exported as values; data_directory and port are read for volume
-/// discovery and the IO limits, and the last four for the
+/// discovery and the IO limits, and the last six for the
 /// storage-configuration audit only.
 pub(crate) const SETTINGS: &[&str] = &[
     "wal_sync_method",
@@ -35,6 +35,8 @@ pub(crate) const SETTINGS: &[&str] = &[
     "shared_memory_size_in_huge_pages",
     "random_page_cost",
     "effective_io_concurrency",
+    "checkpoint_timeout",
+    "checkpoint_completion_target",
 ];
 
 /// How many of [`SETTINGS`], from the start, are exported as values.

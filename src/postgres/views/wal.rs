@@ -19,11 +19,11 @@ use crate::postgres::snapshot::{cluster_counter, cluster_gauge};
 /// Up to 17: the whole row, write and sync figures included.
 const SQL_UP_TO_17: &str = "SELECT wal_records::float8, wal_fpi::float8, wal_bytes::float8, \
      wal_buffers_full::float8, wal_write::float8, wal_sync::float8, wal_write_time::float8, \
-     wal_sync_time::float8 FROM pg_stat_wal";
+     wal_sync_time::float8, extract(epoch FROM now() - stats_reset)::float8 FROM pg_stat_wal";
 
 /// 18: what generating WAL left in pg_stat_wal...
 const SQL_18: &str = "SELECT wal_records::float8, wal_fpi::float8, wal_bytes::float8, \
-     wal_buffers_full::float8 FROM pg_stat_wal";
+     wal_buffers_full::float8, extract(epoch FROM now() - stats_reset)::float8 FROM pg_stat_wal";
 
 /// ... and the writes and syncs, from pg_stat_io.
 const SQL_18_IO: &str = "SELECT sum(writes)::float8, sum(fsyncs)::float8, \
@@ -69,6 +69,7 @@ pub(crate) async fn read(c: Db<'_>, version: u32, timing: bool) -> QResult<Optio
                 syncs: float(&r, 5),
                 write_seconds: secs(float(&r, 6)),
                 sync_seconds: secs(float(&r, 7)),
+                seconds_since_reset: float(&r, 8),
             }))
         }
         Source::StatWalAndIo => {
@@ -83,6 +84,7 @@ pub(crate) async fn read(c: Db<'_>, version: u32, timing: bool) -> QResult<Optio
                 syncs: float(&io, 1),
                 write_seconds: secs(float(&io, 2)),
                 sync_seconds: secs(float(&io, 3)),
+                seconds_since_reset: float(&r, 4),
             }))
         }
     }

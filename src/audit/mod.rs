@@ -62,8 +62,10 @@ pub struct Check {
 /// advice: the stock value of each on most distributions, whose cost
 /// depends on memory pressure and workload the audit does not see, so a
 /// fresh host would otherwise open half a dozen tickets that no one acts
-/// on. `wal_compression` is advice too: PostgreSQL ships it off, and it
-/// trades CPU for WAL volume.
+/// on. So are PostgreSQL's own defaults that trade one cost for another:
+/// `wal_compression` off (CPU against WAL volume) and `huge_pages = try`
+/// with none reserved, which every stock install has and which costs
+/// memory lookups, not IO.
 pub const CHECKS: &[Check] = &[
     // fsync is off
     c("fsync_off", Severity::Critical, Scope::Cluster),
@@ -83,14 +85,14 @@ pub const CHECKS: &[Check] = &[
     c("wal_shares_data_volume", Severity::Warning, Scope::Cluster),
     // checkpoints forced by WAL volume
     c("checkpoints_requested", Severity::Warning, Scope::Cluster),
-    // huge_pages=try with too few huge pages reserved
-    c("huge_pages_shortfall", Severity::Warning, Scope::Cluster),
     // IO scheduler other than none/mq-deadline on SSD or virtual disk
     c("scheduler_on_ssd", Severity::Warning, Scope::Volume),
     // read_ahead_kb above 1 MiB
     c("read_ahead_large", Severity::Warning, Scope::Volume),
     // wal_compression is off
     c("wal_compression_off", Severity::Info, Scope::Cluster),
+    // huge_pages=try with too few huge pages reserved
+    c("huge_pages_shortfall", Severity::Info, Scope::Cluster),
     // transparent huge pages always
     c("thp_always", Severity::Info, Scope::Host),
     // vm.dirty_ratio allows > 4 GiB

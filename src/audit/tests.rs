@@ -497,6 +497,10 @@ fn severities_mean_what_they_say() {
         host.iter().all(|(_, s)| *s == Severity::Info),
         "host-wide kernel advice must be info: {host:?}"
     );
+    // Stock PostgreSQL defaults whose cost is not on the storage path.
+    for code in ["wal_compression_off", "huge_pages_shortfall"] {
+        assert_eq!(sev(code), Some(Severity::Info), "{code}");
+    }
     // The table reads critical, warning, info, as its comment says.
     assert!(
         CHECKS.windows(2).all(|w| w[0].severity <= w[1].severity),

@@ -713,7 +713,7 @@ const PG_CASES: &[PgCase] = &[
         // the test checks against the server's own
         // shared_memory_size_in_huge_pages.
         code: "huge_pages_shortfall",
-        severity: "warning",
+        severity: "info",
         set: &[Host(&SSD)],
         reset: &[Host(&SSD_HUGE_PAGES)],
     },

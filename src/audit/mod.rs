@@ -1034,7 +1034,7 @@ pub(crate) fn size_max_wal(i: &WalSizingInput) -> WalSizing {
             round_down((fs as f64) * WAL_FS_SHARE),
             format!("a quarter of the WAL filesystem's {}", human(fs as f64)),
         ),
-        _ => (MAX_WAL_CAP, format!("at most {}", human(MAX_WAL_CAP))),
+        _ => (MAX_WAL_CAP, "the largest the audit suggests".to_string()),
     };
     if want > cap {
         basis.push_str(&format!("; capped at {} ({why})", human(cap)));

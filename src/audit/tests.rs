@@ -587,6 +587,13 @@ fn max_wal_size_is_sized_from_the_wal_rate() {
             .basis
             .starts_with("no WAL rate seen yet")
     );
+    assert!(
+        sized(GIB, Some(200.0), 300.0, None)
+            .basis
+            .ends_with("; capped at 64.0 GiB (the largest the audit suggests)"),
+        "{:?}",
+        sized(GIB, Some(200.0), 300.0, None)
+    );
 }
 
 /// The finding's fix is the sized value, and its evidence the figures.

@@ -1097,3 +1097,127 @@ fn a_cluster_connecting_after_the_first_pass_is_audited_soon() {
         },
     );
 }
+
+/// The `max_wal_size` a fix names, in bytes (PostgreSQL's MB and GB are
+/// 1024-based), and the figure its evidence computed (`= 1.7 GiB`).
+fn sized_max_wal(fix: &str, evidence: &str) -> (f64, f64) {
+    let value = fix
+        .split("max_wal_size = '")
+        .nth(1)
+        .and_then(|r| r.split('\'').next())
+        .unwrap_or_else(|| panic!("no max_wal_size in {fix:?}"));
+    let unit = |u: &str| match u {
+        "MB" | "MiB" => 1024.0 * 1024.0,
+        "GB" | "GiB" => 1024.0 * 1024.0 * 1024.0,
+        _ => panic!("unit {u:?} in {fix:?} / {evidence:?}"),
+    };
+    let n = value.trim_end_matches(char::is_alphabetic);
+    let bytes = n.parse::<f64>().unwrap() * unit(&value[n.len()..]);
+    let computed = evidence
+        .split("headroom = ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no computed size in {evidence:?}"));
+    let mut words = computed.split([' ', ',', ';']);
+    let figure: f64 = words.next().unwrap().parse().unwrap();
+    (bytes, figure * unit(words.next().unwrap()))
+}
+
+/// Checkpoints forced by WAL volume (a 32 MB max_wal_size, then a table
+/// of 500,000 rows written): the fix names a max_wal_size sized from the cluster's WAL rate,
+/// not a constant. The daemon's status page shows it with the rate over
+/// the exporter's window (or the mean since pg_stat_wal's reset, when
+/// busier), and `check --pg.dsn`, which reads the counters once, with the
+/// mean since the reset. Each is the evidence's figure rounded up (256 MB
+/// steps under 1 GB, whole GB above) and above the current 32 MB.
+#[test]
+fn checkpoints_requested_fix_is_sized_from_the_wal_rate() {
+    let Some(stack) = Stack::builder()
+        .pg_version(PgKind::V18)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .setup(|pg| {
+            pg.psql("ALTER SYSTEM SET max_wal_size = '32MB'");
+            pg.psql("SELECT pg_reload_conf()");
+        })
+        .config_head("window = \"5m\"\naudit_interval = \"2s\"\n")
+        .volume(PG_VOLUME)
+        .cluster("c", "mon", "scrape_interval = \"1s\"")
+        .ready_pg_up("c")
+        .start()
+    else {
+        return;
+    };
+    stack.pg.psql(
+        "CREATE TABLE w AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 500000) g",
+    );
+    let requested = stack
+        .pg
+        .psql("SELECT num_requested FROM pg_stat_checkpointer");
+    eprintln!("requested checkpoints: {}", requested.trim());
+    // The audit section's row: severity, code, evidence, what it means, fix.
+    let fix_and_evidence = |html: &str| -> Option<(String, String)> {
+        let row = html
+            .split("<tr>")
+            .find(|r| r.contains("<code>checkpoints_requested</code>"))?;
+        let cell = |class: &str| {
+            let from = row.split(&format!("<td class=\"{class}\">")).nth(1)?;
+            Some(from.split("</td>").next()?.replace("&#39;", "'"))
+        };
+        Some((cell("fix")?, cell("evidence")?))
+    };
+    // The window's rate needs a minute of readings.
+    let deadline = std::time::Instant::now() + Duration::from_secs(150);
+    let (fix, evidence) = loop {
+        let (_, _, html) = stack.ex.get("/");
+        if let Some((fix, evidence)) = fix_and_evidence(&html)
+            && evidence.contains("MiB/s")
+        {
+            break (fix, evidence);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no sized checkpoints_requested finding on the status page:\n{html}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    eprintln!("status page: evidence {evidence}\n  fix {fix}");
+    let check_sized = |fix: &str, evidence: &str| {
+        let (bytes, figure) = sized_max_wal(fix, evidence);
+        let gib = 1024.0 * 1024.0 * 1024.0;
+        let step = if figure < gib { gib / 4.0 } else { gib };
+        assert!(
+            // The evidence's figure is rounded to 0.1 GiB or 1 MiB.
+            bytes >= figure - gib / 20.0
+                && bytes - figure < step + gib / 20.0
+                && bytes > 32.0 * 1024.0 * 1024.0,
+            "{fix} from {evidence}"
+        );
+    };
+    check_sized(&fix, &evidence);
+
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--audit-only", "--format", "json", "--pg.dsn"])
+        .arg(stack.dsn("mon"))
+        .arg(stack.work.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let f = j["cluster"]["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["code"] == "checkpoints_requested")
+        .unwrap_or_else(|| panic!("{j}"));
+    let (fix, evidence) = (f["fix"].as_str().unwrap(), f["evidence"].as_str().unwrap());
+    eprintln!("check: evidence {evidence}\n  fix {fix}");
+    assert!(
+        evidence.contains(" MiB/s since the statistics reset "),
+        "{evidence}"
+    );
+    check_sized(fix, evidence);
+}

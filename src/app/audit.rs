@@ -10,6 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use crate::audit::{self, AuditState, ClusterFacts, PgSetting, RateSpan, Report, VolumeFacts};
 use crate::config::AuditSettings;
 use crate::model::verdict::SUSPICIOUS_SYNC_SECONDS;
+use crate::postgres::snapshot::WalWindowRate;
 use crate::postgres::views::rows::{Checkpoints, Setting, WalStats};
 use crate::postgres::{ClusterSet, ClusterSnapshot};
 use crate::probe::set::VolumeSet;
@@ -147,27 +148,31 @@ struct Placement {
     wal_fs_bytes: Option<u64>,
 }
 
-/// What was read of the cluster's WAL: pg_stat_wal's latest row, and the
-/// rate over the collector's window (bytes per second, seconds).
+/// What was read of the cluster's WAL: pg_stat_wal's latest row, the rate
+/// over the collector's window, and the databases' size, which bounds the
+/// full-page images of a checkpoint cycle.
 #[derive(Debug, Clone, Copy)]
 struct Wal<'a> {
     stats: Option<&'a WalStats>,
-    window: Option<(f64, f64)>,
+    window: Option<WalWindowRate>,
+    database_bytes: Option<f64>,
 }
 
 /// The rates the audit sizes max_wal_size from: over the window, and the
 /// mean since pg_stat_wal's reset (a minute at least: a reset just now
 /// says nothing yet).
 fn wal_rates(w: Wal<'_>) -> Vec<audit::WalRate> {
-    let window = w.window.map(|(bytes_per_second, seconds)| audit::WalRate {
-        bytes_per_second,
-        seconds,
+    let window = w.window.map(|r| audit::WalRate {
+        bytes_per_second: r.bytes_per_second,
+        fpi_per_second: r.fpi_per_second,
+        seconds: r.seconds,
         span: RateSpan::Window,
     });
     let since_reset = w.stats.and_then(|s| {
         let (bytes, seconds) = (s.bytes?, s.seconds_since_reset?);
         (seconds >= 60.0 && bytes >= 0.0).then(|| audit::WalRate {
             bytes_per_second: bytes / seconds,
+            fpi_per_second: s.fpi.filter(|f| *f >= 0.0).map(|f| f / seconds),
             seconds,
             span: RateSpan::SinceReset,
         })
@@ -202,6 +207,7 @@ fn cluster_facts(
         data_nonrotational: at.data_nonrotational,
         hugepages_total,
         wal_rates: wal_rates(wal),
+        database_bytes: wal.database_bytes,
         wal_fs_bytes: at.wal_fs_bytes,
     }
 }
@@ -241,6 +247,7 @@ fn snapshot_facts(
     let wal = Wal {
         stats: stats.wal.as_ref(),
         window: c.wal_rate,
+        database_bytes: c.database_bytes,
     };
     Some(cluster_facts(
         &stats.settings,
@@ -290,7 +297,7 @@ pub(crate) fn check_cluster(
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let (settings, checkpoints, wal_stats) = rt.block_on(async {
+    let (settings, checkpoints, wal_stats, database_bytes) = rt.block_on(async {
         let within = std::time::Duration::from_secs(10);
         let conn = tokio::time::timeout(within, crate::postgres::tls::connect(&target))
             .await
@@ -313,7 +320,13 @@ pub(crate) fn check_cluster(
         let wal = crate::postgres::views::wal::read(db, version, false)
             .await
             .map_err(|e| anyhow::anyhow!("reading the WAL statistics: {e}"))?;
-        Ok::<_, anyhow::Error>((settings, checkpoints, wal))
+        // Only a bound for the sizing: without it (no privilege to size
+        // every database) the fix is sized from the rate alone.
+        let size = crate::postgres::views::database::size(db)
+            .await
+            .ok()
+            .flatten();
+        Ok::<_, anyhow::Error>((settings, checkpoints, wal, size))
     })?;
     let data = settings
         .iter()
@@ -356,6 +369,7 @@ pub(crate) fn check_cluster(
     let wal = Wal {
         stats: wal_stats.as_ref(),
         window: None,
+        database_bytes,
     };
     let facts = cluster_facts(
         &settings,

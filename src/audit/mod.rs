@@ -284,12 +284,16 @@ pub(crate) struct ClusterFacts {
     pub(crate) wal_rates: Vec<WalRate>,
     /// The size of the filesystem holding pg_wal, when it is known here.
     pub(crate) wal_fs_bytes: Option<u64>,
+    /// The size of all its databases (pg_database_size).
+    pub(crate) database_bytes: Option<f64>,
 }
 
 /// WAL generated per second (pg_stat_wal.wal_bytes), over `seconds`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct WalRate {
     pub(crate) bytes_per_second: f64,
+    /// Full-page images logged per second (pg_stat_wal.wal_fpi).
+    pub(crate) fpi_per_second: Option<f64>,
     pub(crate) seconds: f64,
     pub(crate) span: RateSpan,
 }
@@ -897,6 +901,14 @@ fn cluster_wal(cf: &ClusterFacts, o: &mut Outcome) {
                         .and_then(|s| s.numeric)
                         .unwrap_or(DEFAULT_COMPLETION_TARGET),
                     wal_fs_bytes: cf.wal_fs_bytes,
+                    // Compressed images are smaller by an amount the
+                    // statistics do not tell.
+                    image_bytes: (setting(cf, "wal_compression") == Some("off")).then(|| {
+                        cf.get("block_size")
+                            .and_then(|s| s.numeric)
+                            .unwrap_or(DEFAULT_BLOCK_SIZE)
+                    }),
+                    database_bytes: cf.database_bytes,
                 });
                 let fix = match sized.bytes {
                     Some(b) => alter("max_wal_size", &pg_size(b)),
@@ -940,6 +952,7 @@ fn cluster_wal(cf: &ClusterFacts, o: &mut Outcome) {
 /// PostgreSQL's defaults, for a server that does not show the setting.
 const DEFAULT_CHECKPOINT_TIMEOUT: f64 = 300.0;
 const DEFAULT_COMPLETION_TARGET: f64 = 0.9;
+const DEFAULT_BLOCK_SIZE: f64 = 8192.0;
 
 /// How much more WAL than the window's mean a checkpoint cycle should have
 /// room for: the window (15 minutes by default) is not the day's peak.
@@ -966,6 +979,11 @@ pub(crate) struct WalSizingInput {
     pub(crate) checkpoint_timeout: f64,
     pub(crate) completion_target: f64,
     pub(crate) wal_fs_bytes: Option<u64>,
+    /// The size of a full-page image: block_size, when images are stored
+    /// whole (wal_compression off); `None` when their size is not known.
+    pub(crate) image_bytes: Option<f64>,
+    /// The size of all the cluster's databases.
+    pub(crate) database_bytes: Option<f64>,
 }
 
 /// A suggested max_wal_size and the figures it comes from.
@@ -981,34 +999,79 @@ pub(crate) struct WalSizing {
 /// checkpoints at the observed WAL rate. PostgreSQL (11 and later) requests
 /// a checkpoint once the WAL since the last one's start exceeds
 /// max_wal_size / (1 + checkpoint_completion_target), so a
-/// checkpoint_timeout's worth of WAL needs rate × timeout × (1 + target),
-/// and [`WAL_HEADROOM`] on top. When that is not above the current value
-/// (a quiet window, or requested checkpoints that were CHECKPOINT
-/// commands), or no rate was seen yet, twice the current value: the
-/// requested checkpoints say more room was needed, not how much. Rounded
-/// up to 256 MB steps under 1 GB and whole GB above, never below the
-/// current value, at most [`MAX_WAL_CAP`] and [`WAL_FS_SHARE`] of the WAL
-/// filesystem.
+/// checkpoint_timeout's worth of WAL needs that much times
+/// (1 + target), and [`WAL_HEADROOM`] on top.
+///
+/// A checkpoint_timeout's worth is rate × timeout, except for the
+/// full-page images: the first change of each page after a checkpoint logs
+/// the whole page, so while checkpoints come every few seconds (the very
+/// thing this finding is about) most WAL is images of the same pages over
+/// and over, and the rate overstates what longer cycles write. A cycle
+/// logs each page at most once, so its images are bounded by the
+/// databases' size: the images' share of the rate (wal_fpi × block_size,
+/// known while images are stored uncompressed) counts for at most that.
+///
+/// When that is not above the current value (a quiet window, or requested
+/// checkpoints that were CHECKPOINT commands), or no rate was seen yet,
+/// twice the current value: the requested checkpoints say more room was
+/// needed, not how much. Rounded up to 256 MB steps under 1 GB and whole
+/// GB above, never below the current value, at most [`MAX_WAL_CAP`] and
+/// [`WAL_FS_SHARE`] of the WAL filesystem.
 pub(crate) fn size_max_wal(i: &WalSizingInput) -> WalSizing {
     let factor = 1.0 + i.completion_target.clamp(0.0, 1.0);
+    let timeout = i.checkpoint_timeout;
     let mut basis;
     let mut want = match i.rate {
         Some(r) => {
-            let need = r.bytes_per_second * i.checkpoint_timeout * factor * WAL_HEADROOM;
             let over = match r.span {
                 RateSpan::Window => format!("over the last {:.0} s", r.seconds),
                 RateSpan::SinceReset => {
                     format!("since the statistics reset {:.0} s ago", r.seconds)
                 }
             };
-            basis = format!(
-                "WAL {:.2} MiB/s {over} × checkpoint_timeout {:.0} s × \
-                 (1 + checkpoint_completion_target {}) × {WAL_HEADROOM} headroom = {}",
-                r.bytes_per_second / MIB,
-                i.checkpoint_timeout,
-                i.completion_target,
-                human(need)
-            );
+            let images = r
+                .fpi_per_second
+                .zip(i.image_bytes)
+                .map(|(n, b)| (n * b).clamp(0.0, r.bytes_per_second));
+            let bound = images
+                .zip(i.database_bytes)
+                .filter(|&(img, db)| img * timeout > db);
+            let tail = |cycle: f64| {
+                format!(
+                    "× (1 + checkpoint_completion_target {}) × {WAL_HEADROOM} headroom = {}",
+                    i.completion_target,
+                    human(cycle * factor * WAL_HEADROOM)
+                )
+            };
+            let cycle;
+            (cycle, basis) = match bound {
+                Some((img, db)) => {
+                    let rest = r.bytes_per_second - img;
+                    let cycle = rest * timeout + db;
+                    let b = format!(
+                        "WAL {:.2} MiB/s {over}, {:.2} MiB/s of it full-page images; a \
+                         checkpoint_timeout of {timeout:.0} s holds {:.2} MiB/s × {timeout:.0} s \
+                         + images of at most the {} the databases hold = {} {}",
+                        r.bytes_per_second / MIB,
+                        img / MIB,
+                        rest / MIB,
+                        human(db),
+                        human(cycle),
+                        tail(cycle)
+                    );
+                    (cycle, b)
+                }
+                None => {
+                    let cycle = r.bytes_per_second * timeout;
+                    let b = format!(
+                        "WAL {:.2} MiB/s {over} × checkpoint_timeout {timeout:.0} s {}",
+                        r.bytes_per_second / MIB,
+                        tail(cycle)
+                    );
+                    (cycle, b)
+                }
+            };
+            let need = cycle * factor * WAL_HEADROOM;
             if need > i.current {
                 need
             } else {

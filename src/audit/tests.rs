@@ -83,6 +83,7 @@ fn good_cluster() -> ClusterFacts {
         hugepages_total: Some(100),
         wal_rates: Vec::new(),
         wal_fs_bytes: None,
+        database_bytes: None,
     }
 }
 
@@ -515,13 +516,88 @@ fn sized(current: f64, rate_mib: Option<f64>, timeout: f64, fs_gib: Option<u64>)
         current,
         rate: rate_mib.map(|r| WalRate {
             bytes_per_second: r * MIB_F,
+            fpi_per_second: None,
             seconds: 900.0,
             span: RateSpan::Window,
         }),
         checkpoint_timeout: timeout,
         completion_target: 0.9,
         wal_fs_bytes: fs_gib.map(|g| g * GIB_U),
+        image_bytes: Some(8192.0),
+        database_bytes: None,
     })
+}
+
+/// A rate of `mib` MiB/s of which `images_mib` MiB/s are 8 KiB full-page
+/// images, on databases of `db_mib` MiB.
+fn sized_with_images(current: f64, mib: f64, images_mib: f64, db_mib: Option<f64>) -> WalSizing {
+    size_max_wal(&WalSizingInput {
+        current,
+        rate: Some(WalRate {
+            bytes_per_second: mib * MIB_F,
+            fpi_per_second: Some(images_mib * MIB_F / 8192.0),
+            seconds: 600.0,
+            span: RateSpan::SinceReset,
+        }),
+        checkpoint_timeout: 300.0,
+        completion_target: 0.9,
+        wal_fs_bytes: None,
+        image_bytes: Some(8192.0),
+        database_bytes: db_mib.map(|m| m * MIB_F),
+    })
+}
+
+/// Checkpoints every few seconds log most pages again and again: the
+/// images count for at most the databases' size per cycle.
+#[test]
+fn full_page_images_count_for_at_most_the_databases_size() {
+    let g = |n: u64| Some(n * GIB_U);
+    // pgbench on a 157 MiB database with max_wal_size = 256MB: 13 MiB/s,
+    // 12 of it images of the same pages. 1 MiB/s × 300 s + 157 MiB =
+    // 457 MiB a cycle, × 1.9 × 1.5 = 1.3 GiB: 2 GB, not the 11 GB the
+    // rate alone says.
+    let s = sized_with_images(256.0 * MIB_F, 13.0, 12.0, Some(157.0));
+    assert_eq!(s.bytes, g(2), "{}", s.basis);
+    assert_eq!(
+        s.basis,
+        "WAL 13.00 MiB/s since the statistics reset 600 s ago, 12.00 MiB/s of it full-page \
+         images; a checkpoint_timeout of 300 s holds 1.00 MiB/s × 300 s + images of at most \
+         the 157 MiB the databases hold = 457 MiB × (1 + checkpoint_completion_target 0.9) \
+         × 1.5 headroom = 1.3 GiB"
+    );
+    assert_eq!(sized(256.0 * MIB_F, Some(13.0), 300.0, None).bytes, g(11));
+    // The size unknown, or images under it: the rate as it is.
+    let s = sized_with_images(256.0 * MIB_F, 13.0, 12.0, None);
+    assert_eq!(s.bytes, g(11), "{}", s.basis);
+    let s = sized_with_images(GIB, 2.0, 1.0, Some(100.0 * 1024.0));
+    assert_eq!(s.bytes, g(2), "{}", s.basis);
+    assert!(!s.basis.contains("images"), "{}", s.basis);
+    // A large database under heavy writes: the images are not bounded.
+    let s = sized_with_images(GIB, 40.0, 30.0, Some(500.0 * 1024.0));
+    assert_eq!(s.bytes, g(34), "{}", s.basis);
+    // Compressed images (wal_compression on) have no known size: the
+    // rate as it is.
+    let mut i = WalSizingInput {
+        current: 256.0 * MIB_F,
+        rate: Some(WalRate {
+            bytes_per_second: 13.0 * MIB_F,
+            fpi_per_second: Some(12.0 * 128.0),
+            seconds: 600.0,
+            span: RateSpan::Window,
+        }),
+        checkpoint_timeout: 300.0,
+        completion_target: 0.9,
+        wal_fs_bytes: None,
+        image_bytes: None,
+        database_bytes: Some(157.0 * MIB_F),
+    };
+    assert_eq!(size_max_wal(&i).bytes, g(11));
+    // More images counted than bytes written (a smaller block): never a
+    // negative rest.
+    i.image_bytes = Some(32768.0);
+    let s = size_max_wal(&i);
+    assert_eq!(s.bytes, Some(512 << 20), "{}", s.basis);
+    assert!(s.basis.contains("holds 0.00 MiB/s × 300 s"), "{}", s.basis);
 }
 
 /// (current, MiB/s, checkpoint_timeout s, WAL filesystem GiB, want).
@@ -605,11 +681,13 @@ fn checkpoints_requested_fix_is_sized_to_the_cluster() {
     c.wal_rates = vec![
         WalRate {
             bytes_per_second: 0.2 * MIB_F,
+            fpi_per_second: None,
             seconds: 86400.0,
             span: RateSpan::SinceReset,
         },
         WalRate {
             bytes_per_second: 2.0 * MIB_F,
+            fpi_per_second: None,
             seconds: 900.0,
             span: RateSpan::Window,
         },
@@ -664,6 +742,7 @@ fn checkpoints_requested_fix_is_sized_to_the_cluster() {
     with_setting(&mut c, "checkpoint_timeout", "300", Some(300.0));
     c.wal_rates = vec![WalRate {
         bytes_per_second: 3.0 * MIB_F,
+        fpi_per_second: None,
         seconds: 660.0,
         span: RateSpan::SinceReset,
     }];

@@ -31,6 +31,7 @@ use crate::types::{Collector, SyncMethod};
 use db::{Db, QResult};
 use dsn::Target;
 use failure::{Cause, ConnectFailure, DEADLINE_MARGIN, Failures, QueryError, Report};
+use snapshot::WalWindowRate;
 use views::rows::Setting;
 
 /// A cluster to watch, validated.
@@ -85,9 +86,11 @@ struct Inner {
     intervals: VecDeque<(Instant, WalInterval)>,
     /// (when, fastest round trip) of the scrapes within the window.
     round_trips: VecDeque<(Instant, f64)>,
-    /// (when, pg_stat_wal.wal_bytes) readings within the window, since the
-    /// counter last went back (a statistics reset, a restart).
-    wal_bytes: VecDeque<(Instant, f64)>,
+    /// (when, pg_stat_wal.wal_bytes, wal_fpi) readings within the window,
+    /// since the counter last went back (a statistics reset, a restart).
+    wal_bytes: VecDeque<(Instant, f64, Option<f64>)>,
+    /// When the databases' size was last read.
+    sized_at: Option<Instant>,
 }
 
 impl ClusterState {
@@ -106,6 +109,7 @@ impl ClusterState {
                 intervals: VecDeque::new(),
                 round_trips: VecDeque::new(),
                 wal_bytes: VecDeque::new(),
+                sized_at: None,
             }),
         })
     }
@@ -144,6 +148,8 @@ impl ClusterState {
             i.snap.round_trip = None;
             i.wal_bytes.clear();
             i.snap.wal_rate = None;
+            i.sized_at = None;
+            i.snap.database_bytes = None;
             i.snap.wal_sync_mean = None;
             i.snap.wal_one_commit = None;
             i.snap.wal_sync_share = None;
@@ -228,16 +234,16 @@ impl ClusterState {
             // The fastest over the window: a lower bound of every round
             // trip, so the ceiling it goes into stays an upper bound.
             i.snap.round_trip = i.round_trips.iter().map(|&(_, rt)| rt).reduce(f64::min);
-            match stats.wal.as_ref().and_then(|w| w.bytes) {
-                Some(b) => {
-                    if i.wal_bytes.back().is_some_and(|&(_, prev)| b < prev) {
+            match stats.wal.as_ref().and_then(|w| Some((w.bytes?, w.fpi))) {
+                Some((b, fpi)) => {
+                    if i.wal_bytes.back().is_some_and(|&(_, prev, _)| b < prev) {
                         i.wal_bytes.clear();
                     }
-                    i.wal_bytes.push_back((now, b));
+                    i.wal_bytes.push_back((now, b, fpi));
                     while i
                         .wal_bytes
                         .front()
-                        .is_some_and(|(t, _)| now.saturating_duration_since(*t) > window)
+                        .is_some_and(|(t, ..)| now.saturating_duration_since(*t) > window)
                     {
                         i.wal_bytes.pop_front();
                     }
@@ -262,13 +268,47 @@ const MAX_INTERVALS: usize = 4096;
 const WAL_RATE_MIN_SPAN: Duration = Duration::from_secs(60);
 
 /// WAL generated per second over the readings (first to last), and the
-/// span in seconds: what the audit sizes `max_wal_size` from. `None` over
-/// less than [`WAL_RATE_MIN_SPAN`].
-fn wal_rate(readings: &VecDeque<(Instant, f64)>) -> Option<(f64, f64)> {
-    let (&(t0, b0), &(t1, b1)) = (readings.front()?, readings.back()?);
+/// full-page images among it: what the audit sizes `max_wal_size` from.
+/// `None` over less than [`WAL_RATE_MIN_SPAN`].
+fn wal_rate(readings: &VecDeque<(Instant, f64, Option<f64>)>) -> Option<WalWindowRate> {
+    let (&(t0, b0, f0), &(t1, b1, f1)) = (readings.front()?, readings.back()?);
     let span = t1.saturating_duration_since(t0);
-    (span >= WAL_RATE_MIN_SPAN && b1 >= b0)
-        .then(|| ((b1 - b0) / span.as_secs_f64(), span.as_secs_f64()))
+    let secs = span.as_secs_f64();
+    (span >= WAL_RATE_MIN_SPAN && b1 >= b0).then(|| WalWindowRate {
+        bytes_per_second: (b1 - b0) / secs,
+        fpi_per_second: f0
+            .zip(f1)
+            .filter(|(a, b)| b >= a)
+            .map(|(a, b)| (b - a) / secs),
+        seconds: secs,
+    })
+}
+
+/// How often the databases' size is read: `pg_database_size` stats every
+/// file of every database, too much for each scrape, and the size moves
+/// slowly next to the audit's 5-minute pass.
+const DATABASE_SIZE_EVERY: Duration = Duration::from_secs(300);
+
+impl ClusterState {
+    /// Whether the databases' size is due to be read again.
+    fn size_due(&self, now: Instant) -> bool {
+        self.with(|i| {
+            i.sized_at
+                .is_none_or(|t| now.saturating_duration_since(t) >= DATABASE_SIZE_EVERY)
+        })
+        .unwrap_or(false)
+    }
+
+    /// Notes a read of the databases' size; `None` (the query failed) waits
+    /// the same interval before trying again, and keeps the last size.
+    fn sized(&self, now: Instant, bytes: Option<f64>) {
+        self.with(|i| {
+            i.sized_at = Some(now);
+            if bytes.is_some() {
+                i.snap.database_bytes = bytes;
+            }
+        });
+    }
 }
 
 /// The cumulative counters a [`WalInterval`] is the growth of: WAL syncs,
@@ -715,6 +755,12 @@ impl Session<'_> {
         let transactions = self.keep("database", r)?;
         let r = views::checkpoints::read(db, version).await;
         let checkpoints = self.keep("checkpoints", r)?.flatten();
+        let now = Instant::now();
+        if self.state.size_due(now) {
+            let r = views::database::size(db).await;
+            let bytes = self.keep("database_size", r)?.flatten();
+            self.state.sized(now, bytes);
+        }
         let io = io.map(|rows| views::io::strip_untimed(rows, on("track_io_timing"), wal_timing));
         let round_trip = if local {
             let r = views::round_trip::read(db).await;
@@ -868,23 +914,56 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mib = 1024.0 * 1024.0;
         let rate = |c: &ClusterState| c.snapshot().wal_rate;
-        c.store(wal(1.0, 0.001, None, 100.0 * mib, 1.0), 0.01, at(0));
-        c.store(wal(2.0, 0.002, None, 130.0 * mib, 2.0), 0.01, at(30));
+        let reading = |bytes: f64, fpi: Option<f64>| {
+            let mut s = wal(1.0, 0.001, None, bytes, 1.0);
+            if let Some(w) = s.wal.as_mut() {
+                w.fpi = fpi;
+            }
+            s
+        };
+        let want = |bytes_per_second, fpi_per_second, seconds| {
+            Some(WalWindowRate {
+                bytes_per_second,
+                fpi_per_second,
+                seconds,
+            })
+        };
+        c.store(reading(100.0 * mib, Some(10.0)), 0.01, at(0));
+        c.store(reading(130.0 * mib, Some(40.0)), 0.01, at(30));
         assert_eq!(rate(&c), None, "under a minute: no rate");
-        c.store(wal(3.0, 0.003, None, 220.0 * mib, 3.0), 0.01, at(60));
-        assert_eq!(rate(&c), Some((2.0 * mib, 60.0)));
+        c.store(reading(220.0 * mib, Some(70.0)), 0.01, at(60));
+        assert_eq!(rate(&c), want(2.0 * mib, Some(1.0), 60.0));
         // Ten minutes on at 1 MiB/s: the first readings leave the window,
         // and the rate is the window's, not the first minute's.
-        c.store(wal(4.0, 0.004, None, 820.0 * mib, 4.0), 0.01, at(660));
-        assert_eq!(rate(&c), Some((1.0 * mib, 600.0)));
+        c.store(reading(820.0 * mib, Some(670.0)), 0.01, at(660));
+        assert_eq!(rate(&c), want(1.0 * mib, Some(1.0), 600.0));
         // A statistics reset: the counter goes back, and the rate waits for
         // a minute of new readings.
-        c.store(wal(5.0, 0.005, None, 1.0 * mib, 5.0), 0.01, at(670));
+        c.store(reading(1.0 * mib, Some(1.0)), 0.01, at(670));
         assert_eq!(rate(&c), None);
-        c.store(wal(6.0, 0.006, None, 31.0 * mib, 6.0), 0.01, at(730));
-        assert_eq!(rate(&c), Some((0.5 * mib, 60.0)));
+        c.store(reading(31.0 * mib, None), 0.01, at(730));
+        assert_eq!(rate(&c), want(0.5 * mib, None, 60.0));
         c.down();
         assert_eq!(rate(&c), None);
+    }
+
+    #[test]
+    fn the_databases_size_is_read_every_few_minutes_and_kept_meanwhile() {
+        let c = ClusterState::new("c", Duration::from_secs(600));
+        let t0 = Instant::now();
+        assert!(c.size_due(t0));
+        c.sized(t0, Some(157e6));
+        assert!(!c.size_due(t0 + Duration::from_secs(60)));
+        assert_eq!(c.snapshot().database_bytes, Some(157e6));
+        // A failed read keeps the last size and waits as long again.
+        let later = t0 + DATABASE_SIZE_EVERY;
+        assert!(c.size_due(later));
+        c.sized(later, None);
+        assert!(!c.size_due(later + Duration::from_secs(60)));
+        assert_eq!(c.snapshot().database_bytes, Some(157e6));
+        c.down();
+        assert!(c.size_due(later + Duration::from_secs(60)));
+        assert_eq!(c.snapshot().database_bytes, None);
     }
 
     #[test]

@@ -25,6 +25,17 @@ pub(crate) struct PgStats {
     pub(crate) round_trip: Option<f64>,
 }
 
+/// WAL generated per second over the collector's window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct WalWindowRate {
+    /// pg_stat_wal.wal_bytes per second.
+    pub(crate) bytes_per_second: f64,
+    /// pg_stat_wal.wal_fpi (full-page images) per second.
+    pub(crate) fpi_per_second: Option<f64>,
+    /// The span of the readings.
+    pub(crate) seconds: f64,
+}
+
 /// What the metrics encoder reads about a cluster.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ClusterSnapshot {
@@ -63,10 +74,13 @@ pub(crate) struct ClusterSnapshot {
     /// (`views::round_trip`): added to the WAL time in the `postgres`
     /// commit ceiling basis.
     pub(crate) round_trip: Option<f64>,
-    /// WAL generated per second over the window (pg_stat_wal.wal_bytes), and
-    /// the seconds it spans: (bytes per second, seconds). `None` before a
-    /// minute of readings, and on servers without pg_stat_wal.
-    pub(crate) wal_rate: Option<(f64, f64)>,
+    /// WAL generated per second over the window (pg_stat_wal); `None`
+    /// before a minute of readings, and on servers without pg_stat_wal.
+    pub(crate) wal_rate: Option<WalWindowRate>,
+    /// The size of all its databases (`pg_database_size`), read every few
+    /// minutes: what bounds the full-page images one checkpoint cycle can
+    /// write.
+    pub(crate) database_bytes: Option<f64>,
     /// The latest failure: (what failed, cause label, unix time).
     pub(crate) last_error: Option<(&'static str, &'static str, f64)>,
 }

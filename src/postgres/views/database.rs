@@ -24,6 +24,17 @@ const SQL: &str = "SELECT sum(xact_commit)::float8, sum(xact_rollback)::float8, 
      ELSE pg_snapshot_xmax(pg_current_snapshot())::text::float8 END \
      FROM pg_stat_database";
 
+/// The size of every database the role may connect to: what bounds the
+/// full-page images a checkpoint cycle writes (one per page at most). A
+/// pg_monitor role may size them all (pg_read_all_stats).
+const SIZE_SQL: &str = "SELECT sum(pg_database_size(oid))::float8 FROM pg_database \
+     WHERE has_database_privilege(oid, 'CONNECT')";
+
+pub(crate) async fn size(c: Db<'_>) -> QResult<Option<f64>> {
+    let r = c.query_one(SIZE_SQL, &[]).await?;
+    Ok(float(&r, 0))
+}
+
 pub(crate) async fn read(c: Db<'_>) -> QResult<Transactions> {
     let r = c.query_one(SQL, &[]).await?;
     Ok(Transactions {

@@ -13,7 +13,7 @@ use crate::postgres::views::rows::Setting;
 
 /// Settings that decide how PostgreSQL does IO: the first [`EXPORTED_LEN`]
 /// are exported as values; data_directory and port are read for volume
-/// discovery and the IO limits, and the last six for the
+/// discovery and the IO limits, and the last seven for the
 /// storage-configuration audit only.
 pub(crate) const SETTINGS: &[&str] = &[
     "wal_sync_method",
@@ -37,6 +37,7 @@ pub(crate) const SETTINGS: &[&str] = &[
     "effective_io_concurrency",
     "checkpoint_timeout",
     "checkpoint_completion_target",
+    "block_size",
 ];
 
 /// How many of [`SETTINGS`], from the start, are exported as values.

@@ -28,6 +28,10 @@ pub(crate) struct DepthPoint {
     /// any token bucket's burst and any throttle's 100 ms slice, so its rate
     /// is a lower bound on the device, never evidence of a cap.
     pub(crate) cut_short: bool,
+    /// Share of the host's CPU time that was busy (not idle, not waiting
+    /// for IO) while the depth ran; `None` when it could not be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cpu_busy: Option<f64>,
 }
 
 impl DepthPoint {
@@ -56,6 +60,14 @@ pub(crate) const LATENCY_SHARE: f64 = 0.6;
 /// parallelism (or a loop device out of CPU) typically flattens for one
 /// step only, at the deepest depth, and one step can be noise.
 pub(crate) const MIN_FLAT_STEPS: usize = 2;
+
+/// A depth that ran while the host's CPUs were at least this busy says
+/// nothing of the device: on a host with no idle CPU the submissions and
+/// completions (and a loop device's copies) wait for a CPU, so deeper
+/// queues add no IOPS and latency grows with the queue, the shape of a
+/// cap. Under the parallel test load a loop device's page-cache reads
+/// showed such a flat 8 GB/s across depths, a "cap" no volume has.
+pub(crate) const CPU_SATURATED: f64 = 0.9;
 
 /// Whether going from depth point `a` to the deeper `b` adds neither IOPS
 /// nor loses them, while latency grows with the queue.
@@ -93,7 +105,10 @@ pub(crate) fn detect(points: &[DepthPoint]) -> Option<f64> {
         return None;
     }
     let plateau = &sorted[sorted.len() - 1 - flat_steps..];
-    if plateau.iter().any(|p| p.cut_short) {
+    if plateau
+        .iter()
+        .any(|p| p.cut_short || p.cpu_busy.is_some_and(|b| b >= CPU_SATURATED))
+    {
         return None;
     }
     plateau.iter().map(|p| p.iops).reduce(f64::max)
@@ -105,6 +120,7 @@ mod tests {
 
     fn p(depth: u32, iops: f64, mean_us: f64) -> DepthPoint {
         DepthPoint {
+            cpu_busy: None,
             depth,
             iops,
             mean: mean_us * 1e-6,
@@ -162,7 +178,29 @@ mod tests {
 
     #[test]
     fn growth_saturation_and_collapse_are_no_plateau() {
+        let busy = |mut pt: DepthPoint, b: f64| {
+            pt.cpu_busy = Some(b);
+            pt
+        };
         assert_plateaus(vec![
+            (
+                "a loop device's page-cache reads while the CPUs had no idle time: flat, not a cap",
+                vec![
+                    busy(p(1, 977_000.0, 1.0), 0.97),
+                    busy(p(4, 978_000.0, 4.1), 0.99),
+                    busy(p(16, 979_000.0, 16.3), 0.99),
+                ],
+                None,
+            ),
+            (
+                "the same shape with idle CPUs is a cap",
+                vec![
+                    busy(p(1, 977_000.0, 1.0), 0.55),
+                    busy(p(4, 978_000.0, 4.1), 0.6),
+                    busy(p(16, 979_000.0, 16.3), 0.6),
+                ],
+                Some(979_000.0),
+            ),
             (
                 "published NVMe: IOPS keeps growing, no plateau",
                 vec![

@@ -396,6 +396,7 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
         }
     }
     let t0 = Instant::now();
+    let cpu0 = cpu_times();
     let warm = t0 + s.dur.mul_f64(WARM_UP_SHARE);
     let mut all = Counted::new()?;
     let mut steady = Counted::new()?;
@@ -426,7 +427,32 @@ fn one_depth<const N: usize>(s: &Step<'_>, stop: &dyn Fn() -> bool) -> Result<De
     if let Some(f) = failed {
         return Err(f);
     }
-    Ok(point(depth, t0, warm, &all, &steady, feed.cut_short))
+    let mut p = point(depth, t0, warm, &all, &steady, feed.cut_short);
+    p.cpu_busy = cpu0.zip(cpu_times()).and_then(|(a, b)| busy_share(a, b));
+    Ok(p)
+}
+
+/// The host's (busy, all) CPU time in ticks from /proc/stat; `None` when
+/// it cannot be read (the depth is then judged without it).
+fn cpu_times() -> Option<(u64, u64)> {
+    use procfs::CurrentSI;
+    let t = procfs::KernelStats::current().ok()?.total;
+    let idle = t.idle + t.iowait.unwrap_or(0);
+    let busy = t.user
+        + t.nice
+        + t.system
+        + t.irq.unwrap_or(0)
+        + t.softirq.unwrap_or(0)
+        + t.steal.unwrap_or(0);
+    Some((busy, busy + idle))
+}
+
+/// Busy share of the CPU time between two [`cpu_times`] readings; `None`
+/// when no tick passed (too short a depth to tell).
+fn busy_share(a: (u64, u64), b: (u64, u64)) -> Option<f64> {
+    let all = b.1.checked_sub(a.1).filter(|d| *d > 0)?;
+    let busy = b.0.saturating_sub(a.0);
+    Some(busy as f64 / all as f64)
 }
 
 /// What a depth pushes next: its pattern's offsets, within its budget.
@@ -496,6 +522,7 @@ fn point(
         (all, end.duration_since(t0).as_secs_f64())
     };
     DepthPoint {
+        cpu_busy: None,
         depth,
         iops: if secs > 0.0 {
             c.done as f64 / secs
@@ -604,6 +631,7 @@ mod tests {
     #[test]
     fn bandwidth_limits_are_in_bytes() {
         let p = |depth, iops, mean| DepthPoint {
+            cpu_busy: None,
             depth,
             iops,
             mean,

@@ -1060,13 +1060,15 @@ fn timed_get(addr: SocketAddr, user: &str, password: &str) -> (u16, String, Dura
 /// The acceptance test of the wait queue in front of bcrypt: 50 wrong
 /// passwords a second for 10 s from 127.0.0.2, at cost 12, and meanwhile
 /// three first scrapes with the right password (three users, so none is
-/// cached) from 127.0.0.1, each answered 200 after at most the flood check
-/// already running when it came and its own: the flood's failed checks
-/// counted around each scrape (read by the cached monitor, which waits for
-/// no check) grow by at most 2. Time is printed, not asserted, beyond the
-/// flood's length: on two busy cores one cost-12 check ranges from 0.5 to
-/// over 1 s. With one FIFO queue each scrape waited behind the flood's
-/// checks until the flood hung up.
+/// cached) from 127.0.0.1, each answered 200 after its own check only: one
+/// of the two check slots is kept for addresses without failures, so the
+/// flood's checks run beside it, not before it. On two cores busy with
+/// other tests one cost-12 check ranges from 0.5 to over 1.5 s, so the
+/// bound is loose: five uncontended checks (at least 3 s), against the
+/// many seconds of a scrape queued behind the flood. The flood's checks
+/// that finished meanwhile are printed (they run in the other slot). With
+/// one FIFO queue each scrape waited behind the flood's checks until the
+/// flood hung up.
 #[test]
 fn a_first_scrape_is_answered_during_a_password_flood_from_another_address() {
     const COST: u32 = 12;
@@ -1141,10 +1143,11 @@ fn a_first_scrape_is_answered_during_a_password_flood_from_another_address() {
          address_busy, {full} queue_full, {gone} client_gone",
         flood.sent, flood.answers, flood.unanswered
     );
+    let bound = Duration::from_secs(3).max(one_check * 5);
     for (i, (t, n)) in took.iter().zip(&ahead).enumerate() {
         assert!(
-            (0.0..=2.0).contains(n) && *t < length,
-            "first scrape {} waited {t:?}, {n} flood checks finished meanwhile",
+            *t <= bound,
+            "first scrape {} waited {t:?} (bound {bound:?}), {n} flood checks finished meanwhile",
             i + 1
         );
     }

@@ -34,6 +34,9 @@ pub(crate) enum Kind {
     Password,
     /// libpq's passfile (`passfile=`, `PGPASSFILE`, `~/.pgpass`).
     Passfile,
+    /// libpq's connection service file (`PGSERVICEFILE`,
+    /// `~/.pg_service.conf`, `pg_service.conf` in `PGSYSCONFDIR`).
+    ServiceFile,
     /// A PEM certificate chain (`tls_server_config.cert_file`).
     Certificate,
     /// A PEM private key (`tls_server_config.key_file`).
@@ -50,7 +53,7 @@ impl Kind {
     /// one, far below what would strain the host.
     pub(crate) const fn limit(self) -> u64 {
         match self {
-            Kind::Config | Kind::WebConfig | Kind::Passfile => 1 << 20,
+            Kind::Config | Kind::WebConfig | Kind::Passfile | Kind::ServiceFile => 1 << 20,
             Kind::Certificate | Kind::PrivateKey => 1 << 20,
             Kind::CaCertificates => 4 << 20,
             Kind::Password => 64 << 10,
@@ -64,6 +67,7 @@ impl Kind {
             Kind::WebConfig => "a web configuration file",
             Kind::Password => "a password file",
             Kind::Passfile => "a passfile",
+            Kind::ServiceFile => "a connection service file",
             Kind::Certificate => "a certificate file",
             Kind::PrivateKey => "a private key file",
             Kind::CaCertificates => "a CA certificate file",

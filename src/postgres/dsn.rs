@@ -88,6 +88,7 @@ const SUPPORTED: &[&str] = &[
     "sslrootcert",
     "target_session_attrs",
     "client_encoding",
+    "service",
 ];
 
 /// libpq's environment variables and the keyword each one defaults.
@@ -128,6 +129,16 @@ pub enum DsnError {
     Unsupported(&'static str),
     #[error("connection option {key:?}: {why}")]
     Value { key: &'static str, why: String },
+    /// A connection service file that cannot be read, or one of its
+    /// lines (`line`, from 1). The path comes from the environment or the
+    /// home directory, never from the DSN, so it is shown; the line's
+    /// text is not (it may hold a password).
+    #[error("{}", service_file_message(path, *line, why))]
+    ServiceFile {
+        path: PathBuf,
+        line: Option<usize>,
+        why: String,
+    },
     /// `shown` is the path, or "the passfile named in the DSN" when the
     /// path is DSN text (a password typed after `passfile=`).
     #[error("{shown}: {why}")]
@@ -140,6 +151,37 @@ pub enum DsnError {
 
 fn syntax(message: String) -> DsnError {
     DsnError::Syntax(message)
+}
+
+fn service_file_message(path: &Path, line: Option<usize>, why: &str) -> String {
+    match line {
+        Some(n) => format!("service file {}, line {n}: {why}", path.display()),
+        None => format!("service file {}: {why}", path.display()),
+    }
+}
+
+/// libpq's `target_session_attrs` values that tokio-postgres does not
+/// have (libpq 14's): the exporter tries the hosts itself and checks each
+/// server's `in_hot_standby`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServerType {
+    /// Not in hot standby (`pg_is_in_recovery()` false).
+    Primary,
+    /// In hot standby.
+    Standby,
+    /// A standby if any host is one, else any server: libpq tries every
+    /// host for a standby, then every host again for any server.
+    PreferStandby,
+}
+
+impl ServerType {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ServerType::Primary => "primary",
+            ServerType::Standby => "standby",
+            ServerType::PreferStandby => "prefer-standby",
+        }
+    }
 }
 /// How to secure the connection, libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,9 +234,44 @@ pub struct Target {
     pub(crate) hosts: Vec<(String, u16)>,
     /// The first host's port.
     pub(crate) port: u16,
+    /// `target_session_attrs` primary, standby or prefer-standby: the
+    /// hosts are tried one at a time by the exporter, not tokio-postgres.
+    pub(crate) server_type: Option<ServerType>,
+    /// `config` without hosts and ports, for [`Target::for_host`].
+    base: tokio_postgres::Config,
 }
 
 impl Target {
+    /// The target of host `i` alone, with that host's TLS rule: what the
+    /// exporter's own host loop connects to.
+    pub(crate) fn for_host(&self, i: usize) -> Option<Target> {
+        let (h, p) = self.hosts.get(i)?.clone();
+        let mut config = self.base.clone();
+        config.host(&h);
+        config.port(p);
+        config.ssl_mode(driver_ssl_mode(self.ssl_mode, h.starts_with('/')));
+        Some(Target {
+            config,
+            ssl_mode: self.ssl_mode,
+            ssl_root_cert: self.ssl_root_cert.clone(),
+            display: self.display.clone(),
+            hosts: vec![(h, p)],
+            port: p,
+            server_type: None,
+            base: self.base.clone(),
+        })
+    }
+
+    /// How many times a connection attempt may try each host: twice for
+    /// prefer-standby (a pass for a standby, then one for any server).
+    pub(crate) fn passes(&self) -> u32 {
+        if self.server_type == Some(ServerType::PreferStandby) {
+            2
+        } else {
+            1
+        }
+    }
+
     /// Every host is a Unix-domain socket directory, so no TLS is ever
     /// negotiated (libpq never uses TLS over a socket).
     pub(crate) fn sockets_only(&self) -> bool {
@@ -1050,7 +1127,10 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
     {
         return Err(DsnError::Unsupported(k));
     }
-    let mut from_env = Vec::new();
+    let mut from = Vec::new();
+    // libpq reads the service file before the environment: its settings
+    // beat the environment variables, and the DSN's beat both.
+    apply_service(&mut kv, env, &mut from)?;
     for &(var, key) in ENV_DEFAULTS {
         // A configured password file is more specific than PGPASSWORD.
         if key == "password" && password_file.is_some() {
@@ -1063,22 +1143,23 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
             && !v.is_empty()
         {
             kv.insert(key.to_string(), v);
-            from_env.push((key, var));
+            from.push((key, Origin::Env(var)));
         }
     }
     // libpq's deprecated PGREQUIRESSL: a value starting with 1 stands for
     // sslmode=require when neither the string nor PGSSLMODE gives one.
     if !kv.contains_key("sslmode") && env("PGREQUIRESSL").is_some_and(|v| v.starts_with('1')) {
         kv.insert("sslmode".into(), "require".into());
-        from_env.push(("sslmode", "PGREQUIRESSL"));
+        from.push(("sslmode", Origin::Env("PGREQUIRESSL")));
     }
-    // A value from an environment variable is no DSN text, but shown no
-    // more than one from the DSN: the error names the variable.
-    build(&kv, env, password_file, &from_env).map_err(|e| match e {
-        DsnError::Value { key, why } => match from_env.iter().find(|(k, _)| *k == key) {
-            Some((_, var)) => DsnError::Value {
+    // A value from an environment variable or a service file is no DSN
+    // text, but shown no more than one from the DSN: the error names the
+    // variable, or the file and line.
+    build(&kv, env, password_file, &from).map_err(|e| match e {
+        DsnError::Value { key, why } => match from.iter().find(|(k, _)| *k == key) {
+            Some((_, origin)) => DsnError::Value {
                 key,
-                why: format!("{why} (the value comes from {var})"),
+                why: format!("{why} (the value comes from {origin})"),
             },
             None => DsnError::Value { key, why },
         },
@@ -1086,11 +1167,218 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
     })
 }
 
+/// Where a keyword's value came from, when not from the DSN.
+#[derive(Debug, Clone)]
+enum Origin {
+    Env(&'static str),
+    Service { path: PathBuf, line: usize },
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Env(var) => f.write_str(var),
+            Origin::Service { path, line } => {
+                write!(f, "service file {}, line {line}", path.display())
+            }
+        }
+    }
+}
+
+/// libpq's compiled-in system configuration directory in Debian's and
+/// Ubuntu's libpq5 (built with `--sysconfdir=/etc/postgresql-common`):
+/// the system-wide `pg_service.conf` is there unless `PGSYSCONFDIR` names
+/// another directory.
+const SYSCONFDIR: &str = "/etc/postgresql-common";
+
+fn non_empty(v: Option<String>) -> Option<String> {
+    v.filter(|v| !v.is_empty())
+}
+
+/// libpq's connection service (`parseServiceInfo`): the service named by
+/// `service=` (else `PGSERVICE`) is looked up in `PGSERVICEFILE` (which
+/// must exist) or `~/.pg_service.conf` (skipped when missing), then in
+/// `pg_service.conf` of `PGSYSCONFDIR` (skipped when missing). Its
+/// settings fill in the keywords the DSN does not name. The service's name
+/// is DSN text and is never shown (a password cut at a space could run on
+/// into `service=`).
+fn apply_service(
+    kv: &mut BTreeMap<String, String>,
+    env: Env<'_>,
+    from: &mut Vec<(&'static str, Origin)>,
+) -> Result<(), DsnError> {
+    let (service, var) = match kv.get("service") {
+        Some(s) => (s.clone(), None),
+        None => match non_empty(env("PGSERVICE")) {
+            Some(s) => (s, Some("PGSERVICE")),
+            None => return Ok(()),
+        },
+    };
+    let user = match non_empty(env("PGSERVICEFILE")) {
+        Some(p) => Some((PathBuf::from(p), true)),
+        None => non_empty(env("HOME")).map(|h| (Path::new(&h).join(".pg_service.conf"), false)),
+    };
+    let sysconfdir = non_empty(env("PGSYSCONFDIR")).unwrap_or_else(|| SYSCONFDIR.into());
+    let system = (Path::new(&sysconfdir).join("pg_service.conf"), false);
+    let mut looked = Vec::new();
+    for (path, must_exist) in user.into_iter().chain([system]) {
+        // libpq stats the optional files and skips them when missing; a
+        // file that is there but cannot be read is an error.
+        if !must_exist && std::fs::symlink_metadata(&path).is_err() {
+            looked.push(format!("{} (missing)", path.display()));
+            continue;
+        }
+        let text = crate::input::read(&path, crate::input::Kind::ServiceFile).map_err(|e| {
+            DsnError::ServiceFile {
+                path: path.clone(),
+                line: None,
+                why: e.to_string(),
+            }
+        })?;
+        looked.push(path.display().to_string());
+        if let Some(lines) = service_lines(&text, &service, &path)? {
+            for (key, value, line) in lines {
+                if !kv.contains_key(key) {
+                    kv.insert(key.to_string(), value);
+                    from.push((
+                        key,
+                        Origin::Service {
+                            path: path.clone(),
+                            line,
+                        },
+                    ));
+                }
+            }
+            return Ok(());
+        }
+    }
+    Err(DsnError::Value {
+        key: "service",
+        why: format!(
+            "definition of service not found{} in {}",
+            var.map_or(String::new(), |v| format!(" (the name comes from {v})")),
+            looked.join(", ")
+        ),
+    })
+}
+
+/// libpq's `isspace()` on a byte, in the C locale.
+fn is_space_byte(b: u8) -> bool {
+    is_space(char::from(b))
+}
+
+/// A service file's setting: keyword, value and line (from 1).
+type ServiceSetting = (&'static str, String, usize);
+
+/// The settings of service `service` in a service file, each with its
+/// keyword and line, as libpq's `parseServiceFile` reads them; None when
+/// the file has no such service.
+///
+/// Written out rather than taken from an INI crate because libpq's format
+/// is not INI: the key is everything before the first `=` and the value
+/// everything after it, neither trimmed (`host = h` is a syntax error), only
+/// the line's ends are; `#` starts a comment only at the start of a line
+/// and `;` never does; a section header need only start with `[name]`; a
+/// keyword given twice keeps its first value; lines of other services are
+/// not looked at; and a line of 1023 bytes or more is refused (libpq reads
+/// lines with `fgets` into 1024 bytes).
+fn service_lines(
+    text: &[u8],
+    service: &str,
+    path: &Path,
+) -> Result<Option<Vec<ServiceSetting>>, DsnError> {
+    let err = |line: usize, why: String| DsnError::ServiceFile {
+        path: path.to_path_buf(),
+        line: Some(line),
+        why,
+    };
+    let mut found = false;
+    let mut out: Vec<ServiceSetting> = Vec::new();
+    for (i, raw) in text.split_inclusive(|&b| b == b'\n').enumerate() {
+        let n = i + 1;
+        if raw.len() >= 1023 {
+            return Err(err(
+                n,
+                "line too long (libpq reads at most 1022 bytes of a line)".into(),
+            ));
+        }
+        let start = raw.iter().position(|&b| !is_space_byte(b));
+        let end = raw.iter().rposition(|&b| !is_space_byte(b));
+        let (Some(start), Some(end)) = (start, end) else {
+            continue;
+        };
+        let line = &raw[start..=end];
+        if line[0] == b'#' {
+            continue;
+        }
+        if line[0] == b'[' {
+            if found {
+                break;
+            }
+            let name = service.as_bytes();
+            found = line[1..].starts_with(name) && line.get(name.len() + 1) == Some(&b']');
+            continue;
+        }
+        if !found {
+            continue;
+        }
+        let Some(eq) = line.iter().position(|&b| b == b'=') else {
+            return Err(err(n, "syntax error: the line is not keyword=value".into()));
+        };
+        let (k, v) = (&line[..eq], &line[eq + 1..]);
+        if k == b"service" {
+            return Err(err(
+                n,
+                "nested service specifications are not supported (\"service\" in a service file)"
+                    .into(),
+            ));
+        }
+        // requiressl left libpq's table of options in PostgreSQL 16: only
+        // a connection string's parser still translates it.
+        let Some(key) = std::str::from_utf8(k)
+            .ok()
+            .and_then(keyword)
+            .filter(|k| *k != "requiressl")
+        else {
+            return Err(err(
+                n,
+                "syntax error: no libpq connection keyword before \"=\" (spaces around \"=\" \
+                 are part of the keyword)"
+                    .into(),
+            ));
+        };
+        if !SUPPORTED.contains(&key) {
+            return Err(err(
+                n,
+                format!("connection option {key:?} is not supported by pg-storage-exporter"),
+            ));
+        }
+        let value = String::from_utf8(v.to_vec())
+            .map_err(|_| err(n, format!("the value of {key:?} is not UTF-8")))?;
+        if !out.iter().any(|(seen, ..)| *seen == key) {
+            out.push((key, value, n));
+        }
+    }
+    Ok(found.then_some(out))
+}
+
+/// tokio-postgres's sslmode for libpq's: TLS is never used over a
+/// Unix-domain socket, whatever sslmode says.
+fn driver_ssl_mode(mode: SslMode, socket: bool) -> tokio_postgres::config::SslMode {
+    use tokio_postgres::config::SslMode as D;
+    match mode {
+        _ if socket => D::Disable,
+        SslMode::Disable => D::Disable,
+        SslMode::Allow | SslMode::Prefer => D::Prefer,
+        _ => D::Require,
+    }
+}
+
 fn build(
     kv: &BTreeMap<String, String>,
     env: Env<'_>,
     password_file: Option<&Path>,
-    from_env: &[(&str, &str)],
+    from: &[(&'static str, Origin)],
 ) -> Result<Target, DsnError> {
     let hosts = hosts_and_ports(kv)?;
     let user = given(kv, "user")
@@ -1106,21 +1394,22 @@ fn build(
         dbname: &dbname,
         user: &user,
     };
-    let password = password(kv, env, password_file, from_env, &who)?;
+    let password = password(kv, env, password_file, from, &who)?;
 
     let mut c = tokio_postgres::Config::new();
+    c.user(&user);
+    c.dbname(&dbname);
+    if let Some(p) = &password {
+        c.password(p.as_bytes());
+    }
+    let server_type = session_options(kv, &mut c)?;
+    let base = c.clone();
     // Ports are given one per host, in the same order: tokio-postgres pairs
     // them by position and tries the hosts in turn, as libpq does.
     for (h, p) in &hosts {
         c.host(h);
         c.port(*p);
     }
-    c.user(&user);
-    c.dbname(&dbname);
-    if let Some(p) = &password {
-        c.password(p.as_bytes());
-    }
-    session_options(kv, &mut c)?;
     let port = hosts.first().map_or(DEFAULT_PORT, |(_, p)| *p);
     let mut t = Target {
         config: c,
@@ -1129,16 +1418,14 @@ fn build(
         display: String::new(),
         hosts,
         port,
+        server_type,
+        base,
     };
     // libpq never uses TLS over a Unix-domain socket, whatever sslmode says.
     // tokio-postgres has one sslmode for all hosts, so only a list of
     // sockets alone turns it off.
-    t.config.ssl_mode(match ssl_mode {
-        _ if t.sockets_only() => tokio_postgres::config::SslMode::Disable,
-        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-        SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-        _ => tokio_postgres::config::SslMode::Require,
-    });
+    t.config
+        .ssl_mode(driver_ssl_mode(ssl_mode, t.sockets_only()));
     t.display = display(&t.hosts, &user, &dbname, ssl_mode);
     Ok(t)
 }
@@ -1184,7 +1471,7 @@ fn password(
     kv: &BTreeMap<String, String>,
     env: Env<'_>,
     password_file: Option<&Path>,
-    from_env: &[(&str, &str)],
+    from: &[(&'static str, Origin)],
     who: &Who<'_>,
 ) -> Result<Option<String>, DsnError> {
     let mut password = given(kv, "password").map(str::to_string);
@@ -1194,11 +1481,17 @@ fn password(
         password = Some(read_password_file(pf)?);
     }
     if password.is_none() {
+        let origin = from.iter().find(|(k, _)| *k == "passfile").map(|(_, o)| o);
         let passfile = match given(kv, "passfile") {
-            Some(p) if from_env.iter().any(|(k, _)| *k == "passfile") => {
-                Some((PathBuf::from(p), PassfileFrom::Env))
-            }
-            Some(p) => Some((PathBuf::from(p), PassfileFrom::Dsn)),
+            Some(p) => Some((
+                PathBuf::from(p),
+                match origin {
+                    Some(Origin::Env(_)) => PassfileFrom::Env,
+                    // A service file's path is no DSN text: shown.
+                    Some(Origin::Service { .. }) => PassfileFrom::Home,
+                    None => PassfileFrom::Dsn,
+                },
+            )),
             None => env("HOME").map(|h| (Path::new(&h).join(".pgpass"), PassfileFrom::Home)),
         };
         if let Some((pf, from)) = passfile
@@ -1211,11 +1504,12 @@ fn password(
 }
 
 /// The session keywords: application name, options, timeouts, keepalives
-/// and which server of a list to keep.
+/// and which server of a list to keep (the server type the exporter checks
+/// itself, for the values tokio-postgres lacks).
 fn session_options(
     kv: &BTreeMap<String, String>,
     c: &mut tokio_postgres::Config,
-) -> Result<(), DsnError> {
+) -> Result<Option<ServerType>, DsnError> {
     c.application_name(given(kv, "application_name").unwrap_or("pg-storage-exporter"));
     if let Some(o) = given(kv, "options") {
         check_options(o)?;
@@ -1249,31 +1543,39 @@ fn session_options(
             })?;
         c.keepalives_idle(Duration::from_secs(secs));
     }
+    let mut server_type = None;
     if let Some(t) = kv.get("target_session_attrs") {
         use tokio_postgres::config::TargetSessionAttrs as A;
         // tokio-postgres asks `SHOW transaction_read_only` after connecting,
-        // which is what libpq's read-write and read-only check.
+        // which is what libpq's read-write and read-only check. It has no
+        // primary, standby nor prefer-standby: for those it connects to any
+        // server and the exporter checks (see `tls::connect`).
         c.target_session_attrs(match t.as_str() {
             "any" => A::Any,
             "read-write" => A::ReadWrite,
             "read-only" => A::ReadOnly,
-            "primary" | "standby" | "prefer-standby" => {
-                return Err(DsnError::Value {
-                    key: "target_session_attrs",
-                    why: "primary, standby and prefer-standby are not supported by \
-                          pg-storage-exporter: use any, read-write or read-only"
-                        .into(),
-                });
+            "primary" => {
+                server_type = Some(ServerType::Primary);
+                A::Any
+            }
+            "standby" => {
+                server_type = Some(ServerType::Standby);
+                A::Any
+            }
+            "prefer-standby" => {
+                server_type = Some(ServerType::PreferStandby);
+                A::Any
             }
             _ => {
                 return Err(DsnError::Value {
                     key: "target_session_attrs",
-                    why: "use any, read-write or read-only".into(),
+                    why: "use any, read-write, read-only, primary, standby or prefer-standby"
+                        .into(),
                 });
             }
         });
     }
-    Ok(())
+    Ok(server_type)
 }
 
 /// The target as logs and errors show it: only parts that were parsed and
@@ -1748,6 +2050,63 @@ mod tests {
                 .starts_with(&format!("password file {} (PGPASSFILE): ", pf.display())),
             "{e}"
         );
+    }
+
+    /// libpq's reading of a service file: errors name the file and line,
+    /// never a value; a value of the file that is wrong names them too.
+    #[test]
+    fn service_file_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pg_service.conf");
+        let file = f.display().to_string();
+        let env = |k: &str| match k {
+            "PGSERVICEFILE" => Some(file.clone()),
+            "PGSYSCONFDIR" => Some("/nonexistent".into()),
+            _ => None,
+        };
+        let long = format!("[s]\nhost=/{}\n", "x".repeat(1016));
+        // 1023 bytes with its newline: fgets fills libpq's buffer.
+        assert_eq!(long.lines().nth(1).unwrap().len() + 1, 1023);
+        let cases: [(&[u8], &str); 7] = [
+            (long.as_bytes(), "line 2: line too long"),
+            (
+                b"[s]\nsslmode=Sekr1t\n",
+                "(the value comes from service file ",
+            ),
+            (b"[s]\npassword=Sekr1t\nZebra42\n", "line 3: syntax error"),
+            (
+                b"[s]\nsslcert=/Sekr1t\n",
+                "line 2: connection option \"sslcert\" is not",
+            ),
+            (b"[s]\nrequiressl=1\n", "line 2: syntax error"),
+            (
+                b"[s]\nhost=/\xffSekr1t\n",
+                "line 2: the value of \"host\" is not UTF-8",
+            ),
+            (b"[t]\nhost=/a\n", "definition of service not found in "),
+        ];
+        for (text, want) in cases {
+            std::fs::write(&f, text).unwrap();
+            let e = target("service=s", &env, None).unwrap_err().to_string();
+            let text = String::from_utf8_lossy(text);
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.contains(&file), "{text:?}: {e}");
+            assert!(!e.contains("Sekr1t") && !e.contains("Zebra42"), "{e}");
+        }
+        std::fs::write(&f, b"[s]\nhost=/\xffSekr1t\n").unwrap();
+        let e = target("service=s", &env, None).unwrap_err();
+        assert!(
+            matches!(e, DsnError::ServiceFile { line: Some(2), .. }),
+            "{e}"
+        );
+        // Without its newline it is read; a line of another service never is.
+        std::fs::write(
+            &f,
+            format!("[t]\nno equals sign\n[s]\nhost=/{}", "x".repeat(1016)),
+        )
+        .unwrap();
+        let t = target("service=s", &env, None).unwrap();
+        assert_eq!(t.hosts[0].0.len(), 1017);
     }
 
     #[test]

@@ -173,6 +173,9 @@ impl ConnectFailure {
             ConnectFailure::Failed(ConnectError::Postgres(e)) => Cause::of(e),
             ConnectFailure::Failed(ConnectError::Tls(_)) => Cause::Tls,
             ConnectFailure::Failed(ConnectError::Socket { source, .. }) => Cause::of(source),
+            ConnectFailure::Failed(ConnectError::ServerType { source, .. }) => {
+                source.as_ref().map_or(Cause::Connection, Cause::of)
+            }
             ConnectFailure::NoAnswer(_) => Cause::ClientTimeout,
             ConnectFailure::SetUp(e) => e.cause(),
         }

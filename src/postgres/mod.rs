@@ -392,7 +392,9 @@ pub(crate) async fn run(
     // reconnection.
     let mut settings_warned = false;
     let mut sees_all: Option<bool> = None;
-    let connect_within = connect_deadline(&target.config);
+    // prefer-standby may try every host twice.
+    let connect_within =
+        connect_deadline(&target.config).map(|d| d.saturating_mul(target.passes()));
     let deadline = statement_deadline(cfg.statement_timeout);
     loop {
         let set_up = connect(

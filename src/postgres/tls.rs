@@ -23,7 +23,7 @@ use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use thiserror::Error;
 use tokio_postgres::Client;
 
-use super::dsn::{SslMode, Target};
+use super::dsn::{ServerType, SslMode, Target};
 
 #[derive(Debug, Error)]
 pub(crate) enum ConnectError {
@@ -38,6 +38,14 @@ pub(crate) enum ConnectError {
     Socket {
         message: String,
         source: tokio_postgres::Error,
+    },
+    /// `target_session_attrs` primary, standby or prefer-standby and no
+    /// host was of that type: what each host answered. `source`: the last
+    /// driver error, when no host was reached at all.
+    #[error("{message}")]
+    ServerType {
+        message: String,
+        source: Option<tokio_postgres::Error>,
     },
 }
 
@@ -302,6 +310,15 @@ impl Drop for Connection {
 /// connect of each host, not the TLS handshake, authentication and
 /// start-up that follow: the caller puts a deadline around the whole call.
 pub(crate) async fn connect(t: &Target) -> Result<Connection, ConnectError> {
+    match t.server_type {
+        None => connect_any(t).await.map(|(c, _)| c),
+        Some(want) => connect_server_type(t, want).await,
+    }
+}
+
+/// Connects to the first host that answers, with the server's
+/// `in_hot_standby` (reported at start-up by PostgreSQL 14 and later).
+async fn connect_any(t: &Target) -> Result<(Connection, Option<bool>), ConnectError> {
     // Like libpq, TLS is never used over a Unix-domain socket: the kernel
     // already keeps that traffic on this host.
     if t.ssl_mode == SslMode::Disable || t.sockets_only() {
@@ -310,17 +327,116 @@ pub(crate) async fn connect(t: &Target) -> Result<Connection, ConnectError> {
             .connect(tokio_postgres::NoTls)
             .await
             .map_err(|e| socket_error(t, e))?;
-        let task = tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        return Ok(Connection { client, task });
+        return Ok(spawn(client, conn));
     }
     let tls = tokio_postgres_rustls::MakeRustlsConnect::new(client_config(t)?);
     let (client, conn) = t.config.connect(tls).await?;
+    Ok(spawn(client, conn))
+}
+
+fn spawn<S, T>(client: Client, conn: tokio_postgres::Connection<S, T>) -> (Connection, Option<bool>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let standby = conn.parameter("in_hot_standby").map(|v| v == "on");
     let task = tokio::spawn(async move {
         let _ = conn.await;
     });
-    Ok(Connection { client, task })
+    (Connection { client, task }, standby)
+}
+
+/// Whether the server is in hot standby: the `in_hot_standby` it reported
+/// at start-up, else (a server that does not report it) what libpq asks
+/// then, `pg_is_in_recovery()`.
+async fn in_hot_standby(c: &Connection, reported: Option<bool>) -> Result<bool, ConnectError> {
+    if let Some(s) = reported {
+        return Ok(s);
+    }
+    let row = c
+        .client
+        .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
+        .await?;
+    Ok(row.try_get(0)?)
+}
+
+/// libpq's `target_session_attrs` primary, standby and prefer-standby:
+/// each host in turn, each attempt (connection and check) within the
+/// host's connect_timeout as in libpq, until one is of the type wanted.
+/// prefer-standby makes a second pass over the hosts taking any server
+/// when the first found no standby.
+async fn connect_server_type(t: &Target, want: ServerType) -> Result<Connection, ConnectError> {
+    // Which servers each pass takes: Some(true) standbys, Some(false)
+    // primaries, None any.
+    let passes: &[Option<bool>] = match want {
+        ServerType::Primary => &[Some(false)],
+        ServerType::Standby => &[Some(true)],
+        ServerType::PreferStandby => &[Some(true), None],
+    };
+    let per_host = t.config.get_connect_timeout().copied();
+    let mut tried = Vec::new();
+    let mut wrong_type = false;
+    let mut last = None;
+    for &pass in passes {
+        for i in 0..t.hosts.len() {
+            let Some(one) = t.for_host(i) else { continue };
+            let (host, port) = &one.hosts[0];
+            let attempt = async {
+                let (c, reported) = connect_any(&one).await?;
+                let standby = in_hot_standby(&c, reported).await?;
+                Ok::<_, ConnectError>((c, standby))
+            };
+            let outcome = match per_host {
+                Some(d) => match tokio::time::timeout(d, attempt).await {
+                    Ok(r) => r.map_err(Some),
+                    Err(_) => Err(None),
+                },
+                None => attempt.await.map_err(Some),
+            };
+            let what = match outcome {
+                Ok((c, standby)) if pass.is_none_or(|s| s == standby) => return Ok(c),
+                Ok((_, standby)) => {
+                    wrong_type = true;
+                    if standby {
+                        "is in hot standby".to_string()
+                    } else {
+                        "is not in hot standby".to_string()
+                    }
+                }
+                Err(Some(e)) => {
+                    let text = e.to_string();
+                    last = match e {
+                        ConnectError::Postgres(e) | ConnectError::Socket { source: e, .. } => {
+                            Some(e)
+                        }
+                        _ => last,
+                    };
+                    text
+                }
+                Err(None) => format!(
+                    "no answer within {:?} (connect_timeout)",
+                    per_host.unwrap_or_default()
+                ),
+            };
+            let entry = format!("{host} port {port}: {what}");
+            if !tried.contains(&entry) {
+                tried.push(entry);
+            }
+        }
+    }
+    let wanted = match want {
+        ServerType::Primary => "a primary (a server not in hot standby)",
+        ServerType::Standby => "a standby (a server in hot standby)",
+        ServerType::PreferStandby => "any server",
+    };
+    Err(ConnectError::ServerType {
+        message: format!(
+            "connection option \"target_session_attrs\" ({}): no host is {wanted}: {}",
+            want.as_str(),
+            tried.join("; ")
+        ),
+        source: if wrong_type { None } else { last },
+    })
 }
 
 #[cfg(test)]

@@ -41,6 +41,9 @@ enum Check {
     /// The per-host connect timeout in seconds; None waits indefinitely.
     Timeout(Option<u64>),
     Ssl(SslMode),
+    /// `target_session_attrs` primary, standby or prefer-standby, which
+    /// the exporter checks itself (None: tokio-postgres does, or no check).
+    Server(Option<ServerType>),
 }
 
 #[derive(Debug)]
@@ -70,6 +73,20 @@ struct Case {
 }
 
 const SYSTEM_ROOTS: &[(&str, &str)] = &[("PGSSLROOTCERT", "system")];
+
+/// The service file of the cases below, read as `PGSERVICEFILE` or as
+/// `pg_service.conf` in `PGSYSCONFDIR`.
+const SERVICE_FILE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/libpq/pg_service.conf"
+);
+const SERVICE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/libpq");
+const WITH_SERVICE_FILE: &[(&str, &str)] = &[("PGSERVICEFILE", SERVICE_FILE)];
+
+fn with_env(mut c: Case, env: &'static [(&'static str, &'static str)]) -> Case {
+    c.env = env;
+    c
+}
 
 fn case(
     from: Source,
@@ -797,17 +814,140 @@ fn doc_cases() -> Vec<Case> {
             Some(&[("host", "h"), ("replication", "database")]),
             Refused("\"replication\""),
         ),
-        case(
-            d,
-            "service=mydb",
-            Some(&[("service", "mydb")]),
-            Refused("\"service\""),
+        // The connection service file: the service's settings fill in
+        // what the DSN leaves out; the first of a keyword given twice
+        // counts; the file beats the environment.
+        with_env(
+            case(
+                d,
+                "service=mydb",
+                Some(&[("service", "mydb")]),
+                Connect(
+                    &[("/run/svc", 5433)],
+                    &[User("svcuser"), Db("svcdb"), App("from service")],
+                ),
+            ),
+            &[
+                ("PGSERVICEFILE", SERVICE_FILE),
+                ("PGUSER", "envuser"),
+                ("PGPORT", "6000"),
+            ],
+        ),
+        with_env(
+            case(
+                d,
+                "service=mydb host=/run/dsn user=u",
+                Some(&[("service", "mydb"), ("host", "/run/dsn"), ("user", "u")]),
+                Connect(&[("/run/dsn", 5433)], &[User("u"), Db("svcdb")]),
+            ),
+            WITH_SERVICE_FILE,
+        ),
+        with_env(
+            case(
+                d,
+                "dbname=d",
+                Some(&[("dbname", "d")]),
+                Connect(&[("/run/svc", 5433)], &[User("svcuser"), Db("d")]),
+            ),
+            &[("PGSERVICE", "mydb"), ("PGSYSCONFDIR", SERVICE_DIR)],
+        ),
+        // Spaces and tabs around a line are dropped; "[mydb-tail]" is not
+        // "[mydb]".
+        with_env(
+            case(
+                d,
+                "service=mydb-tail",
+                Some(&[("service", "mydb-tail")]),
+                Connect(&[("/run/svc", 5432)], &[Ssl(SslMode::Disable)]),
+            ),
+            WITH_SERVICE_FILE,
+        ),
+        with_env(
+            case(
+                d,
+                "service=mydb2",
+                Some(&[("service", "mydb2")]),
+                Error("connection option \"service\": definition of service not found in"),
+            ),
+            &[
+                ("PGSERVICEFILE", SERVICE_FILE),
+                ("PGSYSCONFDIR", "/nonexistent"),
+            ],
+        ),
+        with_env(
+            case(
+                d,
+                "service=mydb",
+                Some(&[("service", "mydb")]),
+                Error("service file /nonexistent/pg_service.conf: "),
+            ),
+            &[("PGSERVICEFILE", "/nonexistent/pg_service.conf")],
+        ),
+        with_env(
+            case(
+                d,
+                "service=nested",
+                Some(&[("service", "nested")]),
+                Error("line 25: nested service specifications are not supported"),
+            ),
+            WITH_SERVICE_FILE,
+        ),
+        with_env(
+            case(
+                d,
+                "service=spaced",
+                Some(&[("service", "spaced")]),
+                Error("line 28: syntax error"),
+            ),
+            WITH_SERVICE_FILE,
+        ),
+        with_env(
+            case(
+                d,
+                "service=withaddr",
+                Some(&[("service", "withaddr")]),
+                Refused("line 22: connection option \"hostaddr\" is not supported"),
+            ),
+            WITH_SERVICE_FILE,
         ),
         case(
             d,
             "host=h1,h2 target_session_attrs=primary",
             Some(&[("host", "h1,h2"), ("target_session_attrs", "primary")]),
-            Refused("\"target_session_attrs\""),
+            Connect(
+                &[("h1", 5432), ("h2", 5432)],
+                &[Server(Some(ServerType::Primary))],
+            ),
+        ),
+        case(
+            d,
+            "host=h1,h2 target_session_attrs=standby",
+            Some(&[("host", "h1,h2"), ("target_session_attrs", "standby")]),
+            Connect(
+                &[("h1", 5432), ("h2", 5432)],
+                &[Server(Some(ServerType::Standby))],
+            ),
+        ),
+        case(
+            d,
+            "postgresql://h1,h2/db?target_session_attrs=prefer-standby",
+            Some(&[
+                ("host", "h1,h2"),
+                ("port", ","),
+                ("dbname", "db"),
+                ("target_session_attrs", "prefer-standby"),
+            ]),
+            Connect(
+                &[("h1", 5432), ("h2", 5432)],
+                &[Server(Some(ServerType::PreferStandby))],
+            ),
+        ),
+        // libpq refuses an unknown value when connecting.
+        case(
+            d,
+            "host=h1,h2 target_session_attrs=secondary",
+            Some(&[("host", "h1,h2"), ("target_session_attrs", "secondary")]),
+            Error("connection option \"target_session_attrs\": use any, read-write"),
         ),
         case(
             d,
@@ -1474,6 +1614,7 @@ fn check(t: &Target, c: Check) -> Option<String> {
         Check::App(a) => c_.get_application_name() == Some(a),
         Check::Timeout(s) => c_.get_connect_timeout().copied() == s.map(Duration::from_secs),
         Check::Ssl(m) => t.ssl_mode == m,
+        Check::Server(s) => t.server_type == s,
     };
     (!ok).then(|| format!("{c:?} does not hold: {c_:?}"))
 }
@@ -1514,7 +1655,7 @@ fn every_case_agrees_with_libpq_or_is_a_listed_exception() {
     );
     // A new exception is a decision: list it where DSNs are documented
     // (docs/postgresql.md, "Connecting").
-    assert_eq!(exceptions.len(), 13, "{exceptions:?}");
+    assert_eq!(exceptions.len(), 12, "{exceptions:?}");
     assert_eq!(
         from(Source::UriTests),
         60,
@@ -1691,5 +1832,154 @@ fn the_table_is_what_real_libpq_parses() {
             wrong.len(),
             wrong.join("\n")
         );
+    }
+}
+
+/// Resolves each hex-encoded string with its environment (one line each:
+/// the string and `K=V` lines, both hex, the environment `-` when empty)
+/// as a connection would: `PQconnectStart`, which reads the service file,
+/// then `PQconninfo`. Prints `ERR` when libpq refuses the service (or its
+/// file), else the keywords libpq settled on as `keyword=hex` words. The
+/// hosts are socket directories that do not exist, so no connection is
+/// made.
+const RESOLVE_WITH_LIBPQ: &str = r#"
+import ctypes, os, sys
+class Opt(ctypes.Structure):
+    _fields_ = [("keyword", ctypes.c_char_p), ("envvar", ctypes.c_char_p),
+                ("compiled", ctypes.c_char_p), ("val", ctypes.c_char_p),
+                ("label", ctypes.c_char_p), ("dispchar", ctypes.c_char_p),
+                ("dispsize", ctypes.c_int)]
+lib = ctypes.CDLL(sys.argv[1])
+lib.PQconnectStart.restype = ctypes.c_void_p
+lib.PQconnectStart.argtypes = [ctypes.c_char_p]
+lib.PQconninfo.restype = ctypes.POINTER(Opt)
+lib.PQconninfo.argtypes = [ctypes.c_void_p]
+lib.PQconninfoFree.argtypes = [ctypes.POINTER(Opt)]
+lib.PQerrorMessage.restype = ctypes.c_char_p
+lib.PQerrorMessage.argtypes = [ctypes.c_void_p]
+lib.PQfinish.argtypes = [ctypes.c_void_p]
+for line in sys.stdin:
+    dsn, env = line.split()
+    for k in list(os.environ):
+        if k.startswith("PG"):
+            del os.environ[k]
+    if env != "-":
+        for kv in bytes.fromhex(env).decode().split("\n"):
+            k, v = kv.split("=", 1)
+            os.environ[k] = v
+    conn = lib.PQconnectStart(bytes.fromhex(dsn))
+    err = lib.PQerrorMessage(conn) or b""
+    if b"service" in err:
+        print("ERR")
+    else:
+        opts, words, i = lib.PQconninfo(conn), [], 0
+        while opts[i].keyword:
+            if opts[i].val is not None:
+                words.append(opts[i].keyword.decode() + "=" + opts[i].val.hex())
+            i += 1
+        lib.PQconninfoFree(opts)
+        print(" ".join(words))
+    lib.PQfinish(conn)
+"#;
+
+/// The service file cases resolve as real libpq resolves them: the same
+/// hosts, ports, user, database and application name, or a refusal where
+/// libpq refuses the service; the exporter's deliberate refusals
+/// (`hostaddr`) are resolved by libpq.
+#[test]
+fn service_files_resolve_as_real_libpq_resolves_them() {
+    let python = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| std::process::Command::new(p).arg("-V").output().is_ok());
+    let Some(python) = python else {
+        return cannot_run("no python3");
+    };
+    let cases: Vec<Case> = cases()
+        .into_iter()
+        .filter(|c| c.dsn.contains("service=") || c.env.iter().any(|(k, _)| *k == "PGSERVICE"))
+        .collect();
+    assert_eq!(cases.len(), 9, "the service file cases");
+    let input: String = cases
+        .iter()
+        .map(|c| {
+            let env: Vec<String> = c.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let env = if env.is_empty() {
+                "-".to_string()
+            } else {
+                hex(env.join("\n").as_bytes())
+            };
+            format!("{} {env}\n", hex(c.dsn.as_bytes()))
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("resolve_with_libpq.py");
+    std::fs::write(&script, RESOLVE_WITH_LIBPQ).unwrap();
+    for lib in LIBPQS {
+        if !Path::new(lib).exists() {
+            cannot_run(&format!("{lib} is not installed"));
+            continue;
+        }
+        let mut child = std::process::Command::new(python)
+            .arg(&script)
+            .arg(lib)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        {
+            use std::io::Write as _;
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(input.as_bytes()).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{lib}: the ctypes script failed");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let answers: Vec<&str> = text.lines().collect();
+        assert_eq!(answers.len(), cases.len(), "{lib}: one answer per case");
+        let mut wrong = Vec::new();
+        for (c, answer) in cases.iter().zip(answers) {
+            let unhex = |v: &str| {
+                let b: Vec<u8> = (0..v.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&v[i..i + 2], 16).unwrap())
+                    .collect();
+                String::from_utf8(b).unwrap()
+            };
+            let libpq: Option<BTreeMap<String, String>> = (answer != "ERR").then(|| {
+                answer
+                    .split_whitespace()
+                    .filter_map(|w| w.split_once('='))
+                    .map(|(k, v)| (k.to_string(), unhex(v)))
+                    .collect()
+            });
+            let ours = target(c.dsn, &env_of(c), None);
+            let why = match (&c.want, &libpq, &ours) {
+                (Want::Error(_), None, Err(_)) => None,
+                (Want::Refused(_), Some(_), Err(_)) => None,
+                (Want::Connect(..), Some(kv), Ok(t)) => {
+                    let get = |k: &str| kv.get(k).map(String::as_str).unwrap_or("");
+                    let hosts: Vec<&str> = t.hosts.iter().map(|(h, _)| h.as_str()).collect();
+                    let ports: Vec<String> = t.hosts.iter().map(|(_, p)| p.to_string()).collect();
+                    let same = get("host") == hosts.join(",")
+                        && get("port") == ports.join(",")
+                        && Some(get("user")) == t.config.get_user()
+                        && Some(get("dbname")) == t.config.get_dbname()
+                        && kv
+                            .get("application_name")
+                            .is_none_or(|a| Some(a.as_str()) == t.config.get_application_name());
+                    (!same).then(|| format!("libpq {kv:?}, exporter {}", t.display))
+                }
+                _ => Some(format!("libpq {libpq:?}, exporter {ours:?}")),
+            };
+            if let Some(why) = why {
+                wrong.push(format!("{:?} {:?}: {why}", c.dsn, c.env));
+            }
+        }
+        println!(
+            "{lib}: {}/{} service file cases resolve as in libpq",
+            cases.len() - wrong.len(),
+            cases.len()
+        );
+        assert!(wrong.is_empty(), "{lib}:\n{}", wrong.join("\n"));
     }
 }

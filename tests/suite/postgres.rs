@@ -582,6 +582,92 @@ fn multi_host_dsn_skips_a_dead_first_host() {
     assert!(!log.contains(MON_PASSWORD) && !m.contains(MON_PASSWORD));
 }
 
+/// libpq's target_session_attrs primary, standby and prefer-standby with a
+/// real primary and its streaming standby, the standby listed first: each
+/// cluster reaches the server its value asks for (the standby's
+/// commit_siblings, 9, tells it from the primary's 5). With the standby
+/// stopped, prefer-standby falls back to the primary and standby has no
+/// server, saying why. (Before, the exporter refused these values.)
+#[test]
+fn target_session_attrs_picks_the_primary_or_the_standby() {
+    let Some(primary) = PgServer::start(PgKind::V15, None) else {
+        return;
+    };
+    let standby = primary.start_standby("commit_siblings = 9");
+    assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "t");
+    let dsn = |attrs: &str| {
+        format!(
+            "host={},{} port={},{} user=postgres dbname=postgres connect_timeout=5 \
+             target_session_attrs={attrs}",
+            standby.socket_dir().display(),
+            primary.socket_dir().display(),
+            standby.port(),
+            primary.port()
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        &format!("p={}", dsn("primary")),
+        "--pg.dsn",
+        &format!("s={}", dsn("standby")),
+        "--pg.dsn",
+        &format!("ps={}", dsn("prefer-standby")),
+        "--pg.scrape-interval",
+        "500ms",
+        "--no-pg.discover-volumes",
+        "--probe.path",
+        &format!("t={}", dir.path().display()),
+        "--probe.free-space-reserve",
+        "0",
+    ]);
+    let siblings = |m: &str, c: &str| {
+        sample(
+            m,
+            &format!("pgstorage_pg_setting{{cluster=\"{c}\",name=\"commit_siblings\"}}"),
+        )
+    };
+    ex.wait_for("each cluster on its server", Duration::from_secs(30), |m| {
+        siblings(m, "p") == Some(5.0)
+            && siblings(m, "s") == Some(9.0)
+            && siblings(m, "ps") == Some(9.0)
+    });
+    standby.stop();
+    let m = ex.wait_for(
+        "prefer-standby on the primary, standby down",
+        Duration::from_secs(30),
+        |m| {
+            siblings(m, "ps") == Some(5.0)
+                && sample(m, "pgstorage_pg_up{cluster=\"s\"}") == Some(0.0)
+        },
+    );
+    assert_eq!(siblings(&m, "p"), Some(5.0));
+    assert_eq!(sample(&m, "pgstorage_pg_up{cluster=\"p\"}"), Some(1.0));
+    // Failing the same way as the connection it lost, the cluster's
+    // reconnections are logged at debug level only; a collector that never
+    // connected logs its first failure, which names the keyword and what
+    // each host is.
+    let ex2 = Exporter::start(&[
+        "--pg.dsn",
+        &format!("s2={}", dsn("standby")),
+        "--no-pg.discover-volumes",
+        "--probe.path",
+        &format!("t={}", dir.path().display()),
+        "--probe.free-space-reserve",
+        "0",
+    ]);
+    let log = ex2.wait_log("(standby): no host is a standby", Duration::from_secs(30));
+    assert!(log.contains("target_session_attrs"), "{log}");
+    assert!(
+        log.contains(&format!(
+            "{} port {}: is not in hot standby",
+            primary.socket_dir().display(),
+            primary.port()
+        )),
+        "{log}"
+    );
+}
+
 #[test]
 fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
     if !loopdev::can_run("the discovery test", false) {

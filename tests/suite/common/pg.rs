@@ -617,6 +617,72 @@ impl PgServer {
         Some(server)
     }
 
+    /// Starts a streaming standby of this server: `pg_basebackup -R` over
+    /// the unix socket into a fresh temp dir, `settings` appended to its
+    /// postgresql.auto.conf, started on a port of its own; returns once it
+    /// accepts connections (in hot standby). Same binaries as this server.
+    pub fn start_standby(&self, settings: &str) -> PgServer {
+        let root = tempfile::Builder::new()
+            .prefix(TEMP_PREFIX)
+            .tempdir()
+            .expect("create temp dir for the standby");
+        std::fs::write(
+            root.path().join("owner.pid"),
+            std::process::id().to_string(),
+        )
+        .expect("write owner.pid");
+        self.inst.check_traversable(root.path());
+        self.inst.give(root.path());
+        let data = root.path().join("data");
+        let sock = root.path().join("sock");
+        std::fs::create_dir(&sock).expect("create socket dir");
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o700))
+            .expect("chmod socket dir");
+        self.inst.give(&sock);
+        let log_file = data.join("postgres.log");
+        let mut server = PgServer {
+            inst: self.inst.clone(),
+            root,
+            data,
+            sock,
+            log_file,
+            port: 0,
+        };
+        let out = self
+            .command("pg_basebackup")
+            .arg("-D")
+            .arg(&server.data)
+            .arg("-h")
+            .arg(&self.sock)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args([
+                "-U",
+                SUPERUSER,
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ])
+            .output()
+            .expect("run pg_basebackup");
+        if !out.status.success() {
+            panic!("pg_basebackup failed: {}", output_text(&out));
+        }
+        // The copy holds the primary's log: the standby starts its own.
+        let _ = std::fs::remove_file(&server.log_file);
+        let mut auto = std::fs::OpenOptions::new()
+            .append(true)
+            .open(server.data.join("postgresql.auto.conf"))
+            .expect("open the standby's postgresql.auto.conf");
+        auto.write_all(format!("\n{settings}\n").as_bytes())
+            .expect("append to postgresql.auto.conf");
+        server.launch();
+        server
+    }
+
     fn initdb(&self, waldir: Option<&Path>) {
         let mut c = self.inst.command("initdb");
         c.arg("-D")
@@ -662,6 +728,7 @@ impl PgServer {
             "# written by the pg-storage-exporter test harness\n\
              # TYPE  DATABASE  USER      ADDRESS       METHOD\n\
              local   all       postgres                trust\n\
+             local   replication postgres              trust\n\
              host    all       all       127.0.0.1/32  scram-sha-256\n",
         )
         .expect("write pg_hba.conf");

@@ -393,6 +393,8 @@ async fn connect_server_type(t: &Target, want: ServerType) -> Result<Connection,
                 },
                 None => attempt.await.map_err(Some),
             };
+            // A socket's error names its socket file: it says which host.
+            let mut named = false;
             let what = match outcome {
                 Ok((c, standby)) if pass.is_none_or(|s| s == standby) => return Ok(c),
                 Ok((_, standby)) => {
@@ -404,6 +406,7 @@ async fn connect_server_type(t: &Target, want: ServerType) -> Result<Connection,
                     }
                 }
                 Err(Some(e)) => {
+                    named = matches!(e, ConnectError::Socket { .. });
                     let text = e.to_string();
                     last = match e {
                         ConnectError::Postgres(e) | ConnectError::Socket { source: e, .. } => {
@@ -418,7 +421,11 @@ async fn connect_server_type(t: &Target, want: ServerType) -> Result<Connection,
                     per_host.unwrap_or_default()
                 ),
             };
-            let entry = format!("{host} port {port}: {what}");
+            let entry = if named {
+                what
+            } else {
+                format!("{host} port {port}: {what}")
+            };
             if !tried.contains(&entry) {
                 tried.push(entry);
             }

@@ -586,8 +586,9 @@ fn multi_host_dsn_skips_a_dead_first_host() {
 /// real primary and its streaming standby, the standby listed first: each
 /// cluster reaches the server its value asks for (the standby's
 /// commit_siblings, 9, tells it from the primary's 5). With the standby
-/// stopped, prefer-standby falls back to the primary and standby has no
-/// server, saying why. (Before, the exporter refused these values.)
+/// stopped, prefer-standby falls back to the primary and standby (here from
+/// a connection service file) has no server, saying why. (Before, the
+/// exporter refused these values, and `service`.)
 #[test]
 fn target_session_attrs_picks_the_primary_or_the_standby() {
     let Some(primary) = PgServer::start(PgKind::V15, None) else {
@@ -646,16 +647,28 @@ fn target_session_attrs_picks_the_primary_or_the_standby() {
     // Failing the same way as the connection it lost, the cluster's
     // reconnections are logged at debug level only; a collector that never
     // connected logs its first failure, which names the keyword and what
-    // each host is.
-    let ex2 = Exporter::start(&[
-        "--pg.dsn",
-        &format!("s2={}", dsn("standby")),
-        "--no-pg.discover-volumes",
-        "--probe.path",
-        &format!("t={}", dir.path().display()),
-        "--probe.free-space-reserve",
-        "0",
-    ]);
+    // each host is. This one has the hosts from a connection service file.
+    let services = dir.path().join("pg_service.conf");
+    std::fs::write(
+        &services,
+        format!(
+            "[pair]\n{}\n",
+            dsn("standby").split(' ').collect::<Vec<_>>().join("\n")
+        ),
+    )
+    .unwrap();
+    let ex2 = Exporter::start_env(
+        &[
+            "--pg.dsn",
+            "s2=service=pair",
+            "--no-pg.discover-volumes",
+            "--probe.path",
+            &format!("t={}", dir.path().display()),
+            "--probe.free-space-reserve",
+            "0",
+        ],
+        &[("PGSERVICEFILE", &services.display().to_string())],
+    );
     let log = ex2.wait_log("(standby): no host is a standby", Duration::from_secs(30));
     assert!(log.contains("target_session_attrs"), "{log}");
     assert!(

@@ -2003,6 +2003,29 @@ mod tests {
             t.config.get_ssl_mode(),
             tokio_postgres::config::SslMode::Require
         );
+        // The exporter's own host loop (primary, standby, prefer-standby)
+        // gives each host its own TLS rule, as libpq does.
+        let t = target(
+            "host=/run/pg,db2 port=5433,5434 user=u sslmode=require \
+             target_session_attrs=prefer-standby",
+            &no_env,
+            None,
+        )
+        .unwrap();
+        assert_eq!(t.passes(), 2);
+        let (sock, tcp) = (t.for_host(0).unwrap(), t.for_host(1).unwrap());
+        assert_eq!(sock.hosts, [("/run/pg".to_string(), 5433)]);
+        assert_eq!(sock.config.get_ports(), [5433]);
+        assert_eq!(
+            sock.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Disable
+        );
+        assert_eq!(
+            tcp.config.get_ssl_mode(),
+            tokio_postgres::config::SslMode::Require
+        );
+        assert_eq!(tcp.config.get_user(), Some("u"));
+        assert!(t.for_host(2).is_none());
         let t = target("host=/run/pg,/tmp user=u sslmode=require", &no_env, None).unwrap();
         assert!(t.sockets_only());
         assert_eq!(

@@ -434,7 +434,7 @@ async fn connect_server_type(t: &Target, want: ServerType) -> Result<Connection,
     let wanted = match want {
         ServerType::Primary => "a primary (a server not in hot standby)",
         ServerType::Standby => "a standby (a server in hot standby)",
-        ServerType::PreferStandby => "any server",
+        ServerType::PreferStandby => "reachable",
     };
     Err(ConnectError::ServerType {
         message: format!(

@@ -303,7 +303,12 @@ pub(crate) fn check_cluster(
             .await
             .map_err(|_| anyhow::anyhow!("{}: no answer within {within:?}", target.display))?
             .map_err(|e| anyhow::anyhow!("{}: {e}", target.display))?;
-        let db = crate::postgres::db::Db::new(&conn.client, std::time::Duration::from_secs(5));
+        let statements = crate::postgres::db::Statements::default();
+        let db = crate::postgres::db::Db::new(
+            &conn.client,
+            &statements,
+            std::time::Duration::from_secs(5),
+        );
         // Never write: the session refuses it, as the collector's does.
         db.batch_execute("SET statement_timeout = 5000; SET default_transaction_read_only = on")
             .await

@@ -417,11 +417,14 @@ pub(crate) async fn run(
         };
         backoff = BACKOFF_START;
         connected(&cfg, &mut failures, &version.1, all, &mut sees_all);
+        // This connection's statements: prepared on it, gone with it.
+        let statements = db::Statements::default();
         let session = Session {
             cfg: &cfg,
             state: &state,
-            db: Db::new(&conn.client, deadline),
+            db: Db::new(&conn.client, &statements, deadline),
             failures: &mut failures,
+            settings: None,
         };
         let Err(lost) = session
             .serve(
@@ -465,11 +468,14 @@ async fn connect(
         None => tls::connect(target).await.map_err(ConnectFailure::Failed),
     };
     let conn = attempt?;
+    // The few statements of the set-up, not kept.
+    let statements = db::Statements::default();
     let session = Session {
         cfg,
         state,
-        db: Db::new(&conn.client, deadline),
+        db: Db::new(&conn.client, &statements, deadline),
         failures,
+        settings: None,
     };
     match session.setup().await {
         Ok((version, all)) => Ok((conn, version, all)),
@@ -591,6 +597,8 @@ struct Session<'a> {
     state: &'a ClusterState,
     db: Db<'a>,
     failures: &'a mut Failures,
+    /// The settings last read, and `pg_conf_load_time()` then.
+    settings: Option<(String, Vec<Setting>)>,
 }
 
 impl Session<'_> {
@@ -725,45 +733,77 @@ impl Session<'_> {
     async fn scrape_once(&mut self, version: u32, local: bool) -> Result<PgStats, Lost> {
         let db = self.db;
         let want = self.cfg.collectors;
-        let r = views::settings::read(db).await;
-        let settings = self.keep("settings", r)?.unwrap_or_default();
         // Settings feed pgstorage_pg_setting*, the start warnings and volume
         // discovery's sync method: read even with the statistics views off.
         if !want.on(Collector::Postgres) {
+            let r = views::settings::read(db).await;
+            let settings = self.keep("settings", r)?.unwrap_or_default();
             return Ok(PgStats {
                 settings,
                 ..PgStats::default()
             });
         }
-        let on = |n: &str| settings.iter().any(|s| s.name == n && s.value == "on");
-        let io = if want.on(Collector::PostgresIo) {
-            let r = views::io::read(db, version).await;
-            self.keep("io", r)?.flatten().map(|mut rows| {
-                if !want.on(Collector::PostgresIoBuffers) {
-                    views::io::drop_buffer_ops(&mut rows);
-                }
-                if !want.on(Collector::PostgresIoZeroRows) {
-                    rows = views::io::drop_zero_rows(rows);
-                }
-                rows
-            })
-        } else {
-            None
+        // The round's statements go out together and the server answers
+        // them in turn: the backend and the exporter wake once per round
+        // rather than once per statement. Each statement's client deadline
+        // counts the ones ahead of it (`Db::behind`); an error that ends
+        // the session ends the round at once, the others are kept per
+        // statement as before.
+        let io = async {
+            if want.on(Collector::PostgresIo) {
+                views::io::read(db.behind(1), version).await
+            } else {
+                Ok(None)
+            }
         };
+        let (loaded, io, wal, transactions, checkpoints) = tokio::try_join!(
+            session("settings", views::settings::loaded(db)),
+            session("io", io),
+            session("wal", views::wal::read(db.behind(2), version)),
+            session("database", views::database::read(db.behind(4))),
+            session(
+                "checkpoints",
+                views::checkpoints::read(db.behind(5), version)
+            ),
+        )?;
+        // pg_settings again only after a configuration reload (see
+        // `views::settings::loaded`). Without the load time (its query
+        // failed) pg_settings is read every round, as it always was, and
+        // its result alone is counted and logged.
+        let settings = match (loaded, self.settings.take()) {
+            (Ok(at), Some((then, settings))) if at == then => {
+                self.settings = Some((then, settings.clone()));
+                settings
+            }
+            (loaded, _) => {
+                let r = views::settings::read(db).await;
+                let settings = self.keep("settings", r)?;
+                if let (Ok(at), Some(s)) = (loaded, &settings) {
+                    self.settings = Some((at, s.clone()));
+                }
+                settings.unwrap_or_default()
+            }
+        };
+        let on = |n: &str| settings.iter().any(|s| s.name == n && s.value == "on");
         let wal_timing = on("track_wal_io_timing");
-        let r = views::wal::read(db, version, wal_timing).await;
-        let wal = self.keep("wal", r)?.flatten();
-        let r = views::database::read(db).await;
-        let transactions = self.keep("database", r)?;
-        let r = views::checkpoints::read(db, version).await;
-        let checkpoints = self.keep("checkpoints", r)?.flatten();
+        let io = self.keep("io", io)?.flatten().map(|mut rows| {
+            if !want.on(Collector::PostgresIoBuffers) {
+                views::io::drop_buffer_ops(&mut rows);
+            }
+            if !want.on(Collector::PostgresIoZeroRows) {
+                rows = views::io::drop_zero_rows(rows);
+            }
+            views::io::strip_untimed(rows, on("track_io_timing"), wal_timing)
+        });
+        let wal = views::wal::keep_timed(self.keep("wal", wal)?.flatten(), wal_timing);
+        let transactions = self.keep("database", transactions)?;
+        let checkpoints = self.keep("checkpoints", checkpoints)?.flatten();
         let now = Instant::now();
         if self.state.size_due(now) {
             let r = views::database::size(db).await;
             let bytes = self.keep("database_size", r)?.flatten();
             self.state.sized(now, bytes);
         }
-        let io = io.map(|rows| views::io::strip_untimed(rows, on("track_io_timing"), wal_timing));
         let round_trip = if local {
             let r = views::round_trip::read(db).await;
             self.keep("round_trip", r)?
@@ -778,6 +818,18 @@ impl Session<'_> {
             checkpoints,
             round_trip,
         })
+    }
+}
+
+/// A statement's result, or the end of the session when its error ends it
+/// (a lost connection, no answer): what a pipelined round stops at.
+async fn session<T>(
+    what: &'static str,
+    f: impl std::future::Future<Output = QResult<T>>,
+) -> Result<QResult<T>, Lost> {
+    match f.await {
+        Err(error) if error.ends_session() => Err(Lost { what, error }),
+        r => Ok(r),
     }
 }
 

@@ -52,7 +52,7 @@ pub(crate) fn source(version: u32) -> Source {
 }
 
 /// Checkpoint and background writer statistics; `None` on a server older
-/// than 14.
+/// than 14. On 17+ its two statements go out together.
 pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<Checkpoints>> {
     let ms = ms_to_seconds;
     match source(version) {
@@ -73,8 +73,11 @@ pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<Checkpoints>
             }))
         }
         Source::Checkpointer => {
-            let cp = c.query_one(SQL_CHECKPOINTER, &[]).await?;
-            let bg = c.query_one(SQL_BGWRITER_17, &[]).await?;
+            let second = c.behind(1);
+            let (cp, bg) = tokio::try_join!(
+                c.query_one(SQL_CHECKPOINTER, &[]),
+                second.query_one(SQL_BGWRITER_17, &[])
+            )?;
             Ok(Some(Checkpoints {
                 timed: float(&cp, 0),
                 requested: float(&cp, 1),

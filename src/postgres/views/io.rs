@@ -21,24 +21,35 @@ fn op(op: &'static str, count: Option<f64>, seconds: Option<f64>, bytes: Option<
     }
 }
 
-/// The query for a server version; `None` before 16, which has no
-/// pg_stat_io. Columns 16, 17 and 18 are the read, write and extend bytes.
-pub(crate) fn sql(version: u32) -> Option<String> {
-    if version < 16_00_00 {
-        return None;
-    }
-    let bytes = if version >= 18_00_00 {
-        "read_bytes::float8, write_bytes::float8, extend_bytes::float8"
-    } else {
-        "(reads * op_bytes)::float8, (writes * op_bytes)::float8, (extends * op_bytes)::float8"
+/// The columns every version reads; then the read, write and extend bytes
+/// (columns 16, 17 and 18).
+macro_rules! io_sql {
+    ($bytes:literal) => {
+        concat!(
+            "SELECT backend_type, object, context, \
+             reads::float8, read_time::float8, writes::float8, write_time::float8, \
+             writebacks::float8, writeback_time::float8, extends::float8, extend_time::float8, \
+             hits::float8, evictions::float8, reuses::float8, fsyncs::float8, fsync_time::float8, ",
+            $bytes,
+            " FROM pg_stat_io"
+        )
     };
-    Some(format!(
-        "SELECT backend_type, object, context, \
-         reads::float8, read_time::float8, writes::float8, write_time::float8, \
-         writebacks::float8, writeback_time::float8, extends::float8, extend_time::float8, \
-         hits::float8, evictions::float8, reuses::float8, fsyncs::float8, fsync_time::float8, {bytes} \
-         FROM pg_stat_io"
-    ))
+}
+
+/// The query for a server version; `None` before 16, which has no
+/// pg_stat_io. A constant per version: the connection prepares it once.
+pub(crate) fn sql(version: u32) -> Option<&'static str> {
+    if version < 16_00_00 {
+        None
+    } else if version >= 18_00_00 {
+        Some(io_sql!(
+            "read_bytes::float8, write_bytes::float8, extend_bytes::float8"
+        ))
+    } else {
+        Some(io_sql!(
+            "(reads * op_bytes)::float8, (writes * op_bytes)::float8, (extends * op_bytes)::float8"
+        ))
+    }
 }
 
 /// The rows of pg_stat_io; `None` on a server without it.
@@ -46,7 +57,7 @@ pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>>
     let Some(sql) = sql(version) else {
         return Ok(None);
     };
-    let rows = c.query(&sql, &[]).await?;
+    let rows = c.query(sql, &[]).await?;
     let ms = ms_to_seconds;
     Ok(Some(
         rows.iter()

@@ -86,9 +86,22 @@ pub(crate) fn numeric_setting(setting: &str, unit: Option<&str>, vartype: &str) 
     }
 }
 
+/// When this session last loaded the configuration files. Every process
+/// of the server re-reads them on a reload (SIGHUP, `pg_reload_conf()`)
+/// and then sets this time, pending_restart included; nothing else changes
+/// what pg_settings shows this session (its own SETs are made once, at
+/// connection). So pg_settings, which builds every one of the server's
+/// several hundred settings to return the few asked for (0.4 ms of the
+/// backend's CPU on 18 against 0.01 ms for this), is read again only when
+/// this time changes.
+const SQL_LOADED: &str = "SELECT pg_conf_load_time()::text";
+
+pub(crate) async fn loaded(c: Db<'_>) -> QResult<String> {
+    Ok(c.query_one(SQL_LOADED, &[]).await?.try_get(0)?)
+}
+
 pub(crate) async fn read(c: Db<'_>) -> QResult<Vec<Setting>> {
-    let names: Vec<String> = SETTINGS.iter().map(|s| s.to_string()).collect();
-    let rows = c.query(SQL, &[&names]).await?;
+    let rows = c.query(SQL, &[&SETTINGS]).await?;
     Ok(rows
         .iter()
         .filter_map(|r| {

@@ -51,11 +51,10 @@ pub(crate) fn source(version: u32) -> Source {
     }
 }
 
-/// WAL statistics; `None` on a server without pg_stat_wal. Times are
-/// dropped unless `timing` (track_wal_io_timing): with it off PostgreSQL
-/// reports 0, which would read as infinitely fast syncs.
-pub(crate) async fn read(c: Db<'_>, version: u32, timing: bool) -> QResult<Option<WalStats>> {
-    let secs = |v: Option<f64>| if timing { ms_to_seconds(v) } else { None };
+/// WAL statistics; `None` on a server without pg_stat_wal. On 18 its two
+/// statements go out together (the second [`Db::behind`] the first).
+pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<WalStats>> {
+    let ms = ms_to_seconds;
     match source(version) {
         Source::None => Ok(None),
         Source::StatWal => {
@@ -67,14 +66,15 @@ pub(crate) async fn read(c: Db<'_>, version: u32, timing: bool) -> QResult<Optio
                 buffers_full: float(&r, 3),
                 writes: float(&r, 4),
                 syncs: float(&r, 5),
-                write_seconds: secs(float(&r, 6)),
-                sync_seconds: secs(float(&r, 7)),
+                write_seconds: ms(float(&r, 6)),
+                sync_seconds: ms(float(&r, 7)),
                 seconds_since_reset: float(&r, 8),
             }))
         }
         Source::StatWalAndIo => {
-            let r = c.query_one(SQL_18, &[]).await?;
-            let io = c.query_one(SQL_18_IO, &[]).await?;
+            let second = c.behind(1);
+            let (r, io) =
+                tokio::try_join!(c.query_one(SQL_18, &[]), second.query_one(SQL_18_IO, &[]))?;
             Ok(Some(WalStats {
                 records: float(&r, 0),
                 fpi: float(&r, 1),
@@ -82,12 +82,28 @@ pub(crate) async fn read(c: Db<'_>, version: u32, timing: bool) -> QResult<Optio
                 buffers_full: float(&r, 3),
                 writes: float(&io, 0),
                 syncs: float(&io, 1),
-                write_seconds: secs(float(&io, 2)),
-                sync_seconds: secs(float(&io, 3)),
+                write_seconds: ms(float(&io, 2)),
+                sync_seconds: ms(float(&io, 3)),
                 seconds_since_reset: float(&r, 4),
             }))
         }
     }
+}
+
+/// Drops the times unless `timing` (track_wal_io_timing): with it off
+/// PostgreSQL reports 0, which would read as infinitely fast syncs.
+pub(crate) fn keep_timed(w: Option<WalStats>, timing: bool) -> Option<WalStats> {
+    w.map(|w| {
+        if timing {
+            w
+        } else {
+            WalStats {
+                write_seconds: None,
+                sync_seconds: None,
+                ..w
+            }
+        }
+    })
 }
 
 /// A per-cluster counter read from the WAL statistics.

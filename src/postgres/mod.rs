@@ -650,8 +650,12 @@ impl Session<'_> {
         let cfg = self.cfg;
         let mut scrape = tokio::time::interval(cfg.scrape_interval);
         scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut sample = tokio::time::interval(cfg.wait_sampling_interval);
-        sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut schedule = views::activity::Schedule::new(cfg.wait_sampling_interval);
+        let mut planned = views::rows::Planned::every(cfg.wait_sampling_interval);
+        let mut due = tokio::time::Instant::now();
+        let sample = tokio::time::sleep_until(due);
+        tokio::pin!(sample);
+        let mut draws = 0u64;
         let r = views::round_trip::local(self.db).await;
         let local = self.keep("round_trip", r)?.unwrap_or(false);
         loop {
@@ -668,16 +672,28 @@ impl Session<'_> {
                     }
                     self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
                 }
-                _ = sample.tick(), if cfg.collectors.on(Collector::PostgresWaits) => {
+                _ = &mut sample, if cfg.collectors.on(Collector::PostgresWaits) => {
                     let r = views::activity::sample(self.db).await;
                     if let Some(s) = self.keep("waits", r)? {
-                        let interval = cfg.wait_sampling_interval;
+                        schedule.observe(s.busy());
+                        let interval = schedule.interval();
                         self.state.with(|i| {
                             let waits = Arc::make_mut(&mut i.snap.waits);
-                            waits.add(Instant::now(), interval, &s.waiting);
+                            waits.add(Instant::now(), planned, &s.waiting);
                             waits.hidden = Some(s.hidden);
+                            waits.interval = Some(interval);
                         });
                     }
+                    draws += 1;
+                    planned = schedule.next(uniform(draws));
+                    // As a tokio interval that delays missed ticks: a
+                    // sample that came late moves the ones after it.
+                    let now = tokio::time::Instant::now();
+                    due += planned.gap;
+                    if due <= now {
+                        due = now + planned.gap;
+                    }
+                    sample.as_mut().reset(due);
                 }
             }
         }
@@ -831,6 +847,16 @@ async fn session<T>(
         Err(error) if error.ends_session() => Err(Lost { what, error }),
         r => Ok(r),
     }
+}
+
+/// A uniform draw in [0, 1) for the wait sampling schedule. std's
+/// `RandomState` takes its keys from the operating system once per thread
+/// and steps them for each new one, so hashing a counter with a new one
+/// gives fresh bits without a generator of the crate's own.
+fn uniform(n: u64) -> f64 {
+    use std::hash::BuildHasher;
+    let x = std::hash::RandomState::new().hash_one(n);
+    (x >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// What volume discovery needs from a cluster, read over its connection.

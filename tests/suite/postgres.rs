@@ -1075,6 +1075,84 @@ fn survives_sigkill_of_the_postmaster() {
 /// A cluster with track_wal_io_timing off: one warning line saying what is
 /// missing, once, not once per scrape or reconnection; track_io_timing
 /// (on here) is not warned about.
+fn sampling_interval(m: &str) -> Option<f64> {
+    value(
+        m,
+        "pgstorage_pg_wait_sampling_interval_seconds{cluster=\"c\"}",
+    )
+}
+
+fn pg_sleep_seconds(m: &str) -> f64 {
+    value(
+        m,
+        "pgstorage_pg_wait_event_seconds_total{cluster=\"c\",wait_event_type=\"Timeout\",wait_event=\"PgSleep\"}",
+    )
+    .unwrap_or(0.0)
+}
+
+/// While the samples see nothing but background processes idling (type
+/// Activity), pg_stat_activity is sampled less often, down to a mean of 8
+/// × wait_sampling_interval (200 ms here); the first sample that sees a
+/// backend wait on something else (a session in pg_sleep: Timeout) brings
+/// it back to the base, where it stays while that backend waits, and it
+/// backs off again once the wait ends. Read from the interval gauge, which
+/// the collector sets after every sample.
+#[test]
+fn wait_sampling_backs_off_while_idle_and_returns_at_the_first_wait() {
+    let Some(stack) = watched(PgKind::V18).start() else {
+        return;
+    };
+    let (pg, ex) = (&stack.pg, &stack.ex);
+    let idle = ex.wait_for("the sampling backed off", Duration::from_secs(30), |m| {
+        sampling_interval(m) == Some(1.6)
+    });
+    assert_eq!(pg_sleep_seconds(&idle), 0.0, "{idle}");
+
+    let mut sleeper = pg
+        .command("psql")
+        .args(["-X", "-q", "-h"])
+        .arg(pg.socket_dir())
+        .args(["-p", &pg.port().to_string(), "-U", pg::SUPERUSER])
+        .args(["-d", "postgres", "-c", "SELECT pg_sleep(120)"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let seen = ex.wait_for(
+        "the base interval, the sleeper seen",
+        Duration::from_secs(30),
+        |m| {
+            sampling_interval(m) == Some(0.2)
+                && value(
+                    m,
+                    "pgstorage_pg_backends_waiting{cluster=\"c\",wait_event_type=\"Timeout\"}",
+                ) == Some(1.0)
+        },
+    );
+    // Every sample sees the sleeper: the interval stays at the base.
+    let start = pg_sleep_seconds(&seen);
+    let mut polls = 0;
+    let mut last = seen;
+    while pg_sleep_seconds(&last) < start + 1.0 {
+        last = ex.metrics();
+        assert_eq!(sampling_interval(&last), Some(0.2), "{last}");
+        polls += 1;
+        assert!(polls < 300, "PgSleep stopped growing: {last}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    pg.psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE wait_event = 'PgSleep'");
+    let _ = sleeper.wait();
+    let again = ex.wait_for("backed off again", Duration::from_secs(30), |m| {
+        sampling_interval(m) == Some(1.6)
+    });
+    eprintln!(
+        "wait sampling: 1.6 s idle, 0.2 s over {polls} polls while a backend slept, \
+         1.6 s again after it; PgSleep {:.1} backend-s",
+        pg_sleep_seconds(&again)
+    );
+}
+
 #[test]
 fn track_wal_io_timing_off_is_warned_about_once() {
     let Some(stack) = watched(PgKind::V18)

@@ -14,10 +14,12 @@
 //! are counted as `other`. The query itself is the same from 14 to 18.
 
 use std::fmt;
+use std::time::Duration;
 
 use crate::families::{self, Encoder};
 use crate::postgres::db::{Db, QResult};
 use crate::postgres::snapshot::ClusterSnapshot;
+use crate::postgres::views::rows::Planned;
 
 /// One sample of pg_stat_activity.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -26,6 +28,112 @@ pub(crate) struct WaitSample {
     pub(crate) waiting: Vec<(String, String, i64)>,
     /// Backends whose wait state this role may not see.
     pub(crate) hidden: u64,
+}
+
+impl WaitSample {
+    /// Whether a backend waits on anything but work to do: every type but
+    /// `Activity`, where background processes (checkpointer, WAL writer,
+    /// autovacuum launcher, ...) idle in their main loops all the time.
+    /// Such a sample keeps sampling at the base interval (`Schedule`).
+    pub(crate) fn busy(&self) -> bool {
+        self.waiting
+            .iter()
+            .any(|(t, _, n)| *n > 0 && t != "Activity")
+    }
+}
+
+/// Samples in a row that saw nothing busy before the interval doubles.
+pub(crate) const QUIET_SAMPLES: u32 = 3;
+
+/// The mean interval grows to at most `wait_sampling_interval` × 2^this.
+pub(crate) const MAX_DOUBLINGS: u32 = 3;
+
+/// No gap is longer than this many mean intervals: a wait that lasts that
+/// long is always seen.
+const MAX_GAP_INTERVALS: u32 = 2;
+
+/// When pg_stat_activity is sampled. Each sample is a query the watched
+/// server executes; on a server where nothing waits but its background
+/// processes idling, a sample every second measures nothing and costs
+/// the server the most. So after [`QUIET_SAMPLES`] samples in a row that
+/// saw no busy wait ([`WaitSample::busy`]) the mean interval doubles with
+/// each further quiet sample, up to 2^[`MAX_DOUBLINGS`] × the base
+/// interval, and the first busy sample brings it back to the base.
+///
+/// Backed off, the gaps are random: each base interval is sampled with a
+/// chance of base / mean interval, and a sample weighs the base interval
+/// divided by that chance (`Planned::weight`). A sample that finds a wait
+/// just begun thus stands for what a sample each base interval would have
+/// counted on average, whenever the wait began. Fixed gaps could not: a
+/// sample after a long gap that finds a burst of IO begun somewhere in it
+/// would charge the whole gap to it, and the sample that ends that burst
+/// would already come one base interval later, so every burst would be
+/// counted half a long gap too long. Random gaps make the totals of rare
+/// events noisier, not wrong; at the base interval the gaps are fixed, as
+/// before.
+#[derive(Debug, Clone)]
+pub(crate) struct Schedule {
+    base: Duration,
+    doublings: u32,
+    quiet: u32,
+}
+
+impl Schedule {
+    pub(crate) fn new(base: Duration) -> Schedule {
+        Schedule {
+            base,
+            doublings: 0,
+            quiet: 0,
+        }
+    }
+
+    /// The mean interval now.
+    pub(crate) fn interval(&self) -> Duration {
+        self.base * (1 << self.doublings)
+    }
+
+    /// Takes in a sample's verdict.
+    pub(crate) fn observe(&mut self, busy: bool) {
+        if busy {
+            self.quiet = 0;
+            self.doublings = 0;
+        } else {
+            self.quiet = self.quiet.saturating_add(1);
+            if self.quiet >= QUIET_SAMPLES {
+                self.doublings = (self.doublings + 1).min(MAX_DOUBLINGS);
+            }
+        }
+    }
+
+    /// The next sample, from `u` drawn uniformly in [0, 1): in how many
+    /// base intervals (geometric, at most [`MAX_GAP_INTERVALS`] mean
+    /// intervals) and what it weighs.
+    pub(crate) fn next(&self, u: f64) -> Planned {
+        let every = 1u32 << self.doublings;
+        if every == 1 {
+            return Planned::every(self.base);
+        }
+        let cap = every * MAX_GAP_INTERVALS;
+        let p = 1.0 / f64::from(every);
+        // The number of base intervals up to and including the first one
+        // sampled, each with chance p.
+        let draw = ((1.0 - u).max(f64::MIN_POSITIVE).ln() / (1.0 - p).ln()).floor() + 1.0;
+        let slots = if draw >= f64::from(cap) {
+            cap
+        } else {
+            draw.max(1.0) as u32
+        };
+        Planned {
+            gap: self.base * slots,
+            // The last interval a gap may reach is sampled for sure: it
+            // weighs itself alone.
+            weight: if slots == cap {
+                self.base
+            } else {
+                self.base * every
+            },
+        }
+    }
 }
 
 /// Backends waiting right now, by (wait_event_type, wait_event), and the
@@ -114,6 +222,13 @@ pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt
     )?;
     crate::postgres::snapshot::cluster_gauge(
         enc,
+        "pgstorage_pg_wait_sampling_interval_seconds",
+        "Mean time between samples of pg_stat_activity now: wait_sampling_interval while a backend waits on anything but work to do (every wait_event_type but Activity), doubling after 3 samples in a row without such a wait up to 8 times that (random gaps around that mean, at most twice it)",
+        clusters,
+        |c| Some(c.waits.interval.filter(|_| c.up)?.as_secs_f64()),
+    )?;
+    crate::postgres::snapshot::cluster_gauge(
+        enc,
         "pgstorage_pg_wait_hidden_backends",
         "Backends (other roles' sessions, background processes) whose wait events the exporter's role could not see in the latest sample: it lacks pg_read_all_stats (pg_monitor); 0 when it sees everything",
         clusters,
@@ -136,14 +251,14 @@ mod tests {
         let t0 = Instant::now();
         let i = Duration::from_secs(1);
         let mut w = WaitTotals::default();
-        w.add(t0, i, &[row("IO", "WalSync", 3)]);
+        w.add(t0, Planned::every(i), &[row("IO", "WalSync", 3)]);
         w.add(
             t0 + i,
-            i,
+            Planned::every(i),
             &[row("IO", "WalSync", 1), row("IO", "DataFileRead", 2)],
         );
         // 10 s gap: charged as 2 s only.
-        w.add(t0 + i * 11, i, &[row("IO", "WalSync", 1)]);
+        w.add(t0 + i * 11, Planned::every(i), &[row("IO", "WalSync", 1)]);
         assert_eq!(w.seconds[&("IO".into(), "WalSync".into())], 3.0 + 1.0 + 2.0);
         assert_eq!(w.seconds[&("IO".into(), "DataFileRead".into())], 2.0);
         assert_eq!(w.now["IO"], 1);
@@ -156,7 +271,7 @@ mod tests {
         let mut w = WaitTotals::default();
         w.add(
             Instant::now(),
-            Duration::from_secs(1),
+            Planned::every(Duration::from_secs(1)),
             &[
                 row("IO", "WalWrite", 1),
                 row("LWLock", "WALWrite", 2),
@@ -176,8 +291,12 @@ mod tests {
         let rows: Vec<_> = (0..MAX_EVENTS + 50)
             .map(|i| row("Extension", &format!("e{i}"), 1))
             .collect();
-        w.add(t0, Duration::from_secs(1), &rows);
-        w.add(t0, Duration::from_secs(1), &[row("Weird", "Thing", 1)]);
+        w.add(t0, Planned::every(Duration::from_secs(1)), &rows);
+        w.add(
+            t0,
+            Planned::every(Duration::from_secs(1)),
+            &[row("Weird", "Thing", 1)],
+        );
         assert!(w.seconds.len() <= MAX_EVENTS + 2, "{}", w.seconds.len());
         assert!(
             w.seconds
@@ -193,15 +312,18 @@ mod tests {
             up: true,
             ..Default::default()
         };
-        std::sync::Arc::make_mut(&mut c.waits).add(
+        let waits = std::sync::Arc::make_mut(&mut c.waits);
+        waits.add(
             Instant::now(),
-            Duration::from_secs(1),
+            Planned::every(Duration::from_secs(1)),
             &[row("IO", "WalSync", 2)],
         );
+        waits.interval = Some(Duration::from_secs(4));
         let out = crate::postgres::views::render(std::slice::from_ref(&c), encode);
         for want in [
             "pgstorage_pg_wait_event_seconds_total{cluster=\"c\",wait_event_type=\"IO\",wait_event=\"WalSync\"} 2.0\n",
             "pgstorage_pg_backends_waiting{cluster=\"c\",wait_event_type=\"IO\"} 2.0\n",
+            "pgstorage_pg_wait_sampling_interval_seconds{cluster=\"c\"} 4.0\n",
         ] {
             assert!(out.contains(want), "{want} missing from:\n{out}");
         }
@@ -210,5 +332,138 @@ mod tests {
         let out = crate::postgres::views::render(&[c], encode);
         assert!(out.contains("wait_event=\"WalSync\"} 2.0\n"), "{out}");
         assert!(!out.contains("pgstorage_pg_backends_waiting{"), "{out}");
+        assert!(
+            !out.contains("pgstorage_pg_wait_sampling_interval_seconds{"),
+            "{out}"
+        );
+    }
+
+    fn sample(waiting: &[(&str, &str, i64)]) -> WaitSample {
+        WaitSample {
+            waiting: waiting.iter().map(|(t, e, n)| row(t, e, *n)).collect(),
+            hidden: 0,
+        }
+    }
+
+    #[test]
+    fn only_background_processes_idling_is_quiet() {
+        let idle = [
+            ("Activity", "CheckpointerMain", 1),
+            ("Activity", "WalWriterMain", 1),
+        ];
+        assert!(!sample(&idle).busy());
+        assert!(!sample(&[]).busy());
+        assert!(sample(&[("Activity", "WalWriterMain", 1), ("IO", "WalSync", 1)]).busy());
+        for t in [
+            "Client",
+            "Lock",
+            "LWLock",
+            "Timeout",
+            "IPC",
+            "Extension",
+            "Other",
+        ] {
+            assert!(sample(&[(t, "x", 1)]).busy(), "{t}");
+        }
+    }
+
+    #[test]
+    fn the_interval_doubles_when_quiet_and_drops_back_at_the_first_wait() {
+        let base = Duration::from_secs(1);
+        let mut s = Schedule::new(base);
+        let mut seen = vec![];
+        for _ in 0..8 {
+            s.observe(false);
+            seen.push(s.interval().as_secs());
+        }
+        assert_eq!(seen, [1, 1, 2, 4, 8, 8, 8, 8]);
+        s.observe(true);
+        assert_eq!(s.interval(), base);
+        assert_eq!(
+            s.next(0.999),
+            Planned::every(base),
+            "fixed gaps at the base"
+        );
+        // Quiet again: the count starts over.
+        s.observe(false);
+        s.observe(false);
+        assert_eq!(s.interval(), base);
+    }
+
+    #[test]
+    fn backed_off_gaps_are_geometric_and_capped() {
+        let base = Duration::from_secs(1);
+        let mut s = Schedule::new(base);
+        for _ in 0..QUIET_SAMPLES + MAX_DOUBLINGS {
+            s.observe(false);
+        }
+        assert_eq!(s.interval(), base * 8);
+        // u = 0: the very next base interval, weighing 8 of them.
+        assert_eq!(
+            s.next(0.0),
+            Planned {
+                gap: base,
+                weight: base * 8
+            }
+        );
+        // P(gap > k) = (7/8)^k: the median gap is 6 intervals.
+        assert_eq!(s.next(0.5).gap, base * 6);
+        // The cap (16 intervals) is sampled for sure and weighs itself.
+        assert_eq!(
+            s.next(0.999_999),
+            Planned {
+                gap: base * 16,
+                weight: base
+            }
+        );
+        // Over many draws the mean gap is 7.1 intervals (8 but for the
+        // cap), and a sample
+        // weighs, on average, the gap it ends: each base interval counts
+        // once in expectation.
+        let n = 100_000u32;
+        let (mut gaps, mut weights) = (0.0, 0.0);
+        for i in 0..n {
+            let p = s.next((f64::from(i) + 0.5) / f64::from(n));
+            gaps += p.gap.as_secs_f64();
+            weights += p.weight.as_secs_f64();
+        }
+        let (gap, weight) = (gaps / f64::from(n), weights / f64::from(n));
+        assert!((7.0..7.2).contains(&gap), "{gap}");
+        assert!((weight / gap - 1.0).abs() < 0.01, "{weight} against {gap}");
+    }
+
+    #[test]
+    fn a_late_sample_stands_for_up_to_twice_its_weight() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut w = WaitTotals::default();
+        let planned = Planned {
+            gap: s(2),
+            weight: s(8),
+        };
+        w.add(t0, planned, &[row("IO", "DataFileRead", 1)]);
+        assert_eq!(
+            w.seconds[&("IO".into(), "DataFileRead".into())],
+            8.0,
+            "first"
+        );
+        w.add(t0 + s(2), planned, &[row("IO", "DataFileRead", 1)]);
+        assert_eq!(
+            w.seconds[&("IO".into(), "DataFileRead".into())],
+            16.0,
+            "on time"
+        );
+        w.add(t0 + s(5), planned, &[row("IO", "DataFileRead", 1)]);
+        assert_eq!(
+            w.seconds[&("IO".into(), "DataFileRead".into())],
+            28.0,
+            "1.5 times late"
+        );
+        w.add(t0 + s(60), planned, &[row("IO", "DataFileRead", 1)]);
+        assert_eq!(
+            w.seconds[&("IO".into(), "DataFileRead".into())],
+            44.0,
+            "capped"
+        );
     }
 }

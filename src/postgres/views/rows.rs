@@ -98,6 +98,30 @@ const TYPES: &[&str] = &[
     "Timeout",
 ];
 
+/// What one sample of pg_stat_activity stands for, fixed when it was
+/// scheduled (`activity::Schedule`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Planned {
+    /// The time from the previous sample to this one, as scheduled.
+    pub(crate) gap: Duration,
+    /// The backend-seconds each backend waiting in this sample adds when
+    /// the sample comes on time: one sampling interval divided by the
+    /// chance that this interval was sampled, so that on average the
+    /// totals are what a sample every interval would have added. The gap
+    /// itself while sampling every interval.
+    pub(crate) weight: Duration,
+}
+
+impl Planned {
+    /// A sample every `interval`: it stands for its gap.
+    pub(crate) fn every(interval: Duration) -> Planned {
+        Planned {
+            gap: interval,
+            weight: interval,
+        }
+    }
+}
+
 /// Backend-seconds in each wait event, from the pg_stat_activity samples
 /// (`activity.rs`).
 #[derive(Debug, Clone, Default)]
@@ -110,20 +134,29 @@ pub(crate) struct WaitTotals {
     /// sample (see `SQL`); `None` before the first sample of a
     /// session.
     pub(crate) hidden: Option<u64>,
+    /// The mean time to the next sample, as the latest sample left it
+    /// (`activity::Schedule`); `None` before the first sample of a session.
+    pub(crate) interval: Option<Duration>,
     last: Option<Instant>,
 }
 
 impl WaitTotals {
-    /// Adds one sample taken at `at`. The time attributed is the time since
-    /// the previous sample, capped at twice the sampling interval so that a
-    /// gap (server down, exporter paused) is not charged to whatever waits
-    /// right after it; the first sample counts one interval.
-    pub(crate) fn add(&mut self, at: Instant, interval: Duration, rows: &[(String, String, i64)]) {
-        let dt = match self.last {
-            Some(prev) => at.saturating_duration_since(prev).min(interval * 2),
-            None => interval,
-        }
-        .as_secs_f64();
+    /// Adds one sample taken at `at`, planned as `planned`. Each waiting
+    /// backend adds the sample's weight, stretched by how late the sample
+    /// came against its gap (a slow query, an exporter paused) up to
+    /// twice, so that a gap (server down, exporter stalled) is not charged
+    /// to whatever waits right after it; the first sample of a session
+    /// adds its weight. Sampling every interval, that is the time since
+    /// the previous sample, capped at twice the interval.
+    pub(crate) fn add(&mut self, at: Instant, planned: Planned, rows: &[(String, String, i64)]) {
+        let late = match self.last {
+            Some(prev) if !planned.gap.is_zero() => {
+                (at.saturating_duration_since(prev).as_secs_f64() / planned.gap.as_secs_f64())
+                    .min(2.0)
+            }
+            _ => 1.0,
+        };
+        let dt = planned.weight.as_secs_f64() * late;
         self.last = Some(at);
         for v in self.now.values_mut() {
             *v = 0;
@@ -151,6 +184,7 @@ impl WaitTotals {
     pub(crate) fn pause(&mut self) {
         self.last = None;
         self.hidden = None;
+        self.interval = None;
         for v in self.now.values_mut() {
             *v = 0;
         }

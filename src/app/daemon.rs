@@ -437,13 +437,23 @@ fn spawn_reloader(
     })
 }
 
-/// Checks every second for probe operations past their timeout.
+/// Counts probe operations past their timeout, waking when the earliest
+/// one could pass it (or a volume is added), not on a fixed tick: an idle
+/// exporter has nothing to wake for.
 fn spawn_watchdog(volumes: Arc<VolumeSet>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
-            tick.tick().await;
-            volumes.check_timeouts(Instant::now());
+            // A volume added after this check leaves a permit: the wait
+            // below then ends at once.
+            match volumes.check_timeouts(Instant::now()) {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at.into()) => {}
+                        () = volumes.added.notified() => {}
+                    }
+                }
+                None => volumes.added.notified().await,
+            }
         }
     })
 }

@@ -102,6 +102,8 @@ pub(crate) struct Conn {
     closing: AtomicU8,
     /// Wakes the connection's task when `closing` is set.
     pub(crate) wake: Notify,
+    /// The table's [`Table::changed`].
+    changed: Arc<Notify>,
 }
 
 impl Conn {
@@ -109,10 +111,13 @@ impl Conn {
     /// first byte starts the header time (a new connection's runs from the
     /// accept).
     pub(crate) fn bytes_arrived(&self, now: u64) {
-        if self.busy.load(Ordering::Acquire) == 0 {
-            let _ =
-                self.head_since
-                    .compare_exchange(NONE, now, Ordering::AcqRel, Ordering::Acquire);
+        if self.busy.load(Ordering::Acquire) == 0
+            && self
+                .head_since
+                .compare_exchange(NONE, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.changed.notify_one();
         }
     }
 
@@ -127,6 +132,7 @@ impl Conn {
         if self.busy.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.head_since.store(NONE, Ordering::Release);
             self.waiting_since.store(now, Ordering::Release);
+            self.changed.notify_one();
         }
     }
 
@@ -193,6 +199,10 @@ pub(crate) struct Table {
     emptied: Notify,
     /// Signalled when a connection is gone, for [`Table::room`].
     removed: Notify,
+    /// Signalled when a connection gets a deadline (admitted, a request
+    /// head begun after an idle wait, a response done), for the sweeper,
+    /// which otherwise sleeps until the earliest deadline it knows.
+    pub(crate) changed: Arc<Notify>,
 }
 
 #[derive(Debug, Default)]
@@ -214,6 +224,7 @@ impl Table {
             inner: Mutex::default(),
             emptied: Notify::new(),
             removed: Notify::new(),
+            changed: Arc::new(Notify::new()),
         }
     }
 
@@ -264,8 +275,10 @@ impl Table {
             busy: AtomicU32::new(0),
             closing: AtomicU8::new(0),
             wake: Notify::new(),
+            changed: self.changed.clone(),
         });
         inner.open.insert(id, conn.clone());
+        self.changed.notify_one();
         Admission::Admitted { conn, evicted }
     }
 
@@ -291,19 +304,27 @@ impl Table {
         best.cloned()
     }
 
-    /// Tells every connection whose deadline has passed at `now` to close.
-    pub(crate) fn sweep(&self, now: u64) {
+    /// Tells every connection whose deadline has passed at `now` to close;
+    /// returns the earliest deadline still ahead, if any.
+    pub(crate) fn sweep(&self, now: u64) -> Option<u64> {
         let mut inner = self.lock();
         let mut told = 0;
+        let mut next: Option<u64> = None;
         for c in inner.open.values() {
-            if let Some((at, reason)) = c.deadline(self.timeouts)
-                && at <= now
-                && c.close(reason)
-            {
+            if c.closing().is_some() {
+                continue;
+            }
+            let Some((at, reason)) = c.deadline(self.timeouts) else {
+                continue;
+            };
+            if at > now {
+                next = Some(next.map_or(at, |n| n.min(at)));
+            } else if c.close(reason) {
                 told += 1;
             }
         }
         inner.closing += told;
+        next
     }
 
     /// The connection's task has ended and its descriptor is closed.
@@ -427,9 +448,11 @@ mod tests {
         let (kept, _) = admitted(table.admit(0));
         kept.request_started();
         kept.request_done(5_000);
-        table.sweep(9_999);
+        // The next deadline is the newcomer's header time.
+        assert_eq!(table.sweep(9_999), Some(10_000));
         assert_eq!((new.closing(), kept.closing()), (None, None));
-        table.sweep(10_000);
+        // Then kept's idle time, the newcomer told to close.
+        assert_eq!(table.sweep(10_000), Some(125_000));
         assert_eq!(new.closing(), Some(Closed::HeaderTimeout));
         // Told to close, it no longer counts against the cap of 2.
         let (third, evicted) = admitted(table.admit(10_000));
@@ -438,7 +461,8 @@ mod tests {
         assert_eq!(kept.closing(), Some(Closed::IdleTimeout));
         // Once told, a later sweep or eviction does not tell it again.
         assert_eq!(third.closing(), Some(Closed::HeaderTimeout));
-        table.sweep(200_000);
+        // Nothing left to wait for: the sweeper sleeps until a change.
+        assert_eq!(table.sweep(200_000), None);
         assert_eq!(table.lock().closing, 3);
         for c in [&new, &kept, &third] {
             table.remove(c);

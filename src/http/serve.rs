@@ -59,10 +59,12 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a stopping listener waits for requests in progress.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
-/// How often a listener's deadlines are checked: one pass over its
+/// The most often a listener's deadlines are checked: one pass over its
 /// connections instead of a timer per connection (under a flood each
-/// newcomer would set one and cancel another). A connection is closed at
-/// most this much after its deadline.
+/// newcomer would set one and cancel another). Otherwise the pass runs at
+/// the earliest deadline, so an idle exporter does not wake for nothing,
+/// and a connection is closed at its deadline, or at most this much after
+/// it while connections keep changing.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 /// Pauses after a failed accept(2), doubling from the first to the last,
@@ -170,14 +172,24 @@ pub(crate) async fn serve(
     }
 }
 
-/// Checks the listener's deadlines every [`SWEEP_EVERY`] until aborted.
+/// Checks the listener's deadlines until aborted: at the earliest one, or
+/// when a connection gets a new one, at most every [`SWEEP_EVERY`].
 fn spawn_sweeper(table: Arc<Table>, clock: Clock) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(SWEEP_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
-            table.sweep(clock.now());
+            let swept = tokio::time::Instant::now();
+            // A change after this pass leaves a permit: the wait below
+            // then ends at once.
+            match table.sweep(clock.now()) {
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(clock.instant(at)) => {}
+                        () = table.changed.notified() => {}
+                    }
+                }
+                None => table.changed.notified().await,
+            }
+            tokio::time::sleep_until(swept + SWEEP_EVERY).await;
         }
     })
 }

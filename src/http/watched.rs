@@ -25,6 +25,15 @@ impl Clock {
     pub(crate) fn now(self) -> u64 {
         u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
+
+    /// When [`Clock::now`] reads `at` (a day from now past what an
+    /// `Instant` holds: a deadline that far is no deadline).
+    pub(crate) fn instant(self, at: u64) -> Instant {
+        let day = std::time::Duration::from_secs(86_400);
+        self.0
+            .checked_add(std::time::Duration::from_millis(at))
+            .unwrap_or_else(|| Instant::now() + day)
+    }
 }
 
 /// The accepted socket, telling its [`Conn`] when bytes arrive: the first

@@ -791,10 +791,13 @@ impl Runner {
     }
 }
 
-/// Counts probes in flight longer than their timeout, once each. Called by
-/// the daemon's watchdog every second; the stuck call itself cannot be
-/// interrupted, so this is how a hang becomes visible as an error.
-pub(crate) fn check_timeouts(volumes: &[Arc<VolumeState>], now: Instant) {
+/// Counts probes in flight longer than their timeout, once each, and
+/// returns when to look again: the earliest moment a probe could next pass
+/// its timeout (`None` without volumes). Called by the daemon's watchdog;
+/// the stuck call itself cannot be interrupted, so this is how a hang
+/// becomes visible as an error.
+pub(crate) fn check_timeouts(volumes: &[Arc<VolumeState>], now: Instant) -> Option<Instant> {
+    let next = volumes.iter().map(|v| v.timeout_due(now)).min();
     for v in volumes {
         if let Some(op) = v.take_timeout(now) {
             v.counts.error(op.as_str(), "timeout");
@@ -806,4 +809,5 @@ pub(crate) fn check_timeouts(volumes: &[Arc<VolumeState>], now: Instant) {
             );
         }
     }
+    next
 }

@@ -24,6 +24,9 @@ pub(crate) struct VolumeSet {
     /// Per volume: its own stop signal (a reload removes one volume) and
     /// its thread, to wait for it.
     threads: Mutex<HashMap<String, ProbeThread>>,
+    /// Signalled when a volume is added, for the watchdog, which otherwise
+    /// sleeps until the earliest moment a probe could pass its timeout.
+    pub(crate) added: tokio::sync::Notify,
 }
 
 /// A running probe thread: its own stop signal and its handle.
@@ -37,6 +40,7 @@ impl VolumeSet {
             roots,
             stop: Stop::new(),
             threads: Mutex::new(HashMap::new()),
+            added: tokio::sync::Notify::new(),
         })
     }
 
@@ -102,6 +106,7 @@ impl VolumeSet {
             }
         };
         threads.insert(name, (stop, handle));
+        self.added.notify_one();
         Ok(state)
     }
 
@@ -138,9 +143,10 @@ impl VolumeSet {
         true
     }
 
-    /// Counts probes stuck past their timeout (the watchdog's tick).
-    pub(crate) fn check_timeouts(&self, now: Instant) {
-        runner::check_timeouts(&self.list(), now);
+    /// Counts probes stuck past their timeout; when to look again (see
+    /// `runner::check_timeouts`).
+    pub(crate) fn check_timeouts(&self, now: Instant) -> Option<Instant> {
+        runner::check_timeouts(&self.list(), now)
     }
 
     /// Stops every probe thread, waits at most `timeout` for them, then

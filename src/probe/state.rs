@@ -331,6 +331,21 @@ impl VolumeState {
         Some((op, Duration::from_nanos(now_ns.saturating_sub(since))))
     }
 
+    /// For the watchdog: the earliest moment after `now` at which a probe
+    /// of this volume could have been in flight longer than the timeout:
+    /// the one in flight now (not yet counted), at its start plus the
+    /// timeout; else one that starts from now on, at now plus the timeout.
+    pub(crate) fn timeout_due(&self, now: Instant) -> Instant {
+        // Just past the timeout: `take_timeout` counts an age above it.
+        let past = self.timeout + Duration::from_millis(1);
+        match self.in_flight(now) {
+            Some((_, age)) if !self.timeout_counted.load(Ordering::SeqCst) => {
+                now + past.saturating_sub(age)
+            }
+            _ => now + past,
+        }
+    }
+
     /// For the watchdog: true exactly once per probe that has been in flight
     /// longer than the timeout.
     pub(crate) fn take_timeout(&self, now: Instant) -> Option<Op> {

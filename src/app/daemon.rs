@@ -447,8 +447,30 @@ fn spawn_watchdog(volumes: Arc<VolumeSet>) -> JoinHandle<()> {
             // below then ends at once.
             match volumes.check_timeouts(Instant::now()) {
                 Some(at) => {
+                    // With the other periodic tasks
+                    // (`model::pacing::until_boundary`): at the first
+                    // boundary of their default 10 s interval when that
+                    // comes before `at` (waking early is harmless: nothing
+                    // is due yet), else on the whole second after `at`, so
+                    // that a stuck probe is counted less than a second
+                    // after its timeout, as with the 1 s tick this
+                    // replaces.
+                    let unix = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap_or_default();
+                    let to_due = at.saturating_duration_since(Instant::now());
+                    let shared = crate::model::pacing::until_boundary(
+                        unix,
+                        Duration::from_secs(10),
+                        Duration::from_millis(1),
+                    );
+                    let wait = if shared <= to_due {
+                        shared
+                    } else {
+                        crate::model::pacing::until_boundary(unix, Duration::from_secs(1), to_due)
+                    };
                     tokio::select! {
-                        () = tokio::time::sleep_until(at.into()) => {}
+                        () = tokio::time::sleep(wait) => {}
                         () = volumes.added.notified() => {}
                     }
                 }

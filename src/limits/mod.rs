@@ -235,14 +235,23 @@ pub(crate) async fn run(
     state: Arc<LimitsState>,
     ebs: Option<Arc<dyn ebs::LogPageSource>>,
 ) {
-    let mut tick = tokio::time::interval(cfg.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first pass at once, the later ones on boundaries of the interval
+    // since the UNIX epoch, where the PostgreSQL collector's rounds end
+    // their waits too: tasks due at about the same moment wake the process
+    // once (`model::pacing::until_boundary`).
+    let tick = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(tick);
     let prev = Arc::new(Mutex::new(Prev::default()));
     loop {
         tokio::select! {
-            _ = tick.tick() => {}
-            () = state.wake.notified() => tick.reset(),
+            () = &mut tick => {}
+            () = state.wake.notified() => {}
         }
+        let unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let wait = crate::model::pacing::until_boundary(unix, cfg.interval, cfg.interval / 2);
+        tick.as_mut().reset(tokio::time::Instant::now() + wait);
         let (cfg2, inputs2, prev2, ebs2) = (cfg.clone(), inputs.clone(), prev.clone(), ebs.clone());
         let snap = tokio::task::spawn_blocking(move || {
             let mut p = match prev2.lock() {

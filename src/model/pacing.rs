@@ -47,6 +47,24 @@ pub(crate) fn slowdown(own_writes_per_second: f64, cap: f64) -> f64 {
     (own_writes_per_second / (cap * MAX_CAP_SHARE)).max(1.0)
 }
 
+/// The exporter's own periodic tasks (PostgreSQL rounds and wait samples,
+/// the limits pass, the probe watchdog) end their waits on whole multiples
+/// of their period since the UNIX epoch, so tasks due at about the same
+/// moment wake the process once, not once each: on a 2-vCPU virtual
+/// machine each wakeup of an idle thread cost tens of µs of CPU (more on
+/// an idle host), often more than the work it woke for. `now` is the time
+/// since the epoch; the result is how long from `now` to the first
+/// multiple of `grain` at least `min` after it. A zero grain waits `min`.
+pub(crate) fn until_boundary(now: Duration, grain: Duration, min: Duration) -> Duration {
+    let earliest = now + min;
+    let g = grain.as_nanos();
+    if g == 0 {
+        return min;
+    }
+    let up = earliest.as_nanos().div_ceil(g) * g;
+    Duration::from_nanos(u64::try_from(up).unwrap_or(u64::MAX)).saturating_sub(now)
+}
+
 /// The period between queue-depth sweeps: `sweep_every`, stretched so
 /// that the sweep's writes (`write_fraction` of `sweep_duration`, each
 /// write depth using whatever write cap there is in full) take at most
@@ -291,6 +309,23 @@ pub(crate) fn whole_cycles(latencies: &[f64]) -> Option<std::ops::Range<usize>> 
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn waits_end_on_shared_boundaries() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // 10 s tasks that last ran at 1234.3 s and 1237.9 s both end at 1240 s.
+        assert_eq!(until_boundary(ms(1_234_300), s(10), s(5)), ms(5_700));
+        assert_eq!(until_boundary(ms(1_237_900), s(10), ms(100)), ms(2_100));
+        // At least `min` ahead: from 1236 s with 5 s to go, 1250 s.
+        assert_eq!(until_boundary(s(1236), s(10), s(5)), s(14));
+        // On a boundary already: no wait.
+        assert_eq!(
+            until_boundary(s(1240), s(1), Duration::ZERO),
+            Duration::ZERO
+        );
+        assert_eq!(until_boundary(ms(1500), Duration::ZERO, ms(200)), ms(200));
+    }
     use super::*;
 
     /// The commits of a finished burst that are its busy figure, as the

@@ -648,19 +648,21 @@ impl Session<'_> {
         settings_warned: &mut bool,
     ) -> Result<std::convert::Infallible, Lost> {
         let cfg = self.cfg;
-        let mut scrape = tokio::time::interval(cfg.scrape_interval);
-        scrape.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut schedule = views::activity::Schedule::new(cfg.wait_sampling_interval);
-        let mut planned = views::rows::Planned::every(cfg.wait_sampling_interval);
-        let mut due = tokio::time::Instant::now();
-        let sample = tokio::time::sleep_until(due);
+        // The first round and sample at once, the later ones on boundaries
+        // of their interval (see `next_boundary`).
+        let round = tokio::time::sleep_until(tokio::time::Instant::now());
+        tokio::pin!(round);
+        let base = cfg.wait_sampling_interval;
+        let mut schedule = views::activity::Schedule::new(base);
+        let mut planned = views::rows::Planned::every(base);
+        let sample = tokio::time::sleep_until(tokio::time::Instant::now());
         tokio::pin!(sample);
         let mut draws = 0u64;
         let r = views::round_trip::local(self.db).await;
         let local = self.keep("round_trip", r)?.unwrap_or(false);
         loop {
             tokio::select! {
-                _ = scrape.tick() => {
+                () = &mut round => {
                     let t0 = Instant::now();
                     let stats = self.scrape_once(version, local).await?;
                     if !*settings_warned && !stats.settings.is_empty() {
@@ -671,8 +673,13 @@ impl Session<'_> {
                         *discovered = self.discover(tx, &stats, version).await?;
                     }
                     self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
+                    // A round that overran its interval moves the next one
+                    // to the boundary after, as a tokio interval that
+                    // delays missed ticks would.
+                    let interval = cfg.scrape_interval;
+                    round.as_mut().reset(next_boundary(interval, interval / 2));
                 }
-                _ = &mut sample, if cfg.collectors.on(Collector::PostgresWaits) => {
+                () = &mut sample, if cfg.collectors.on(Collector::PostgresWaits) => {
                     let r = views::activity::sample(self.db).await;
                     if let Some(s) = self.keep("waits", r)? {
                         schedule.observe(s.busy());
@@ -686,14 +693,11 @@ impl Session<'_> {
                     }
                     draws += 1;
                     planned = schedule.next(uniform(draws));
-                    // As a tokio interval that delays missed ticks: a
-                    // sample that came late moves the ones after it.
-                    let now = tokio::time::Instant::now();
-                    due += planned.gap;
-                    if due <= now {
-                        due = now + planned.gap;
-                    }
-                    sample.as_mut().reset(due);
+                    // The next base interval's boundary, then as many more
+                    // intervals as the schedule skips. A sample that came
+                    // late moves the ones after it.
+                    let skipped = planned.gap.saturating_sub(base);
+                    sample.as_mut().reset(next_boundary(base, base / 2) + skipped);
                 }
             }
         }
@@ -847,6 +851,17 @@ async fn session<T>(
         Err(error) if error.ends_session() => Err(Lost { what, error }),
         r => Ok(r),
     }
+}
+
+/// The first boundary of `grain` since the UNIX epoch at least `min` from
+/// now: the collector's rounds and samples end their waits there, with
+/// the limits pass and the probe watchdog, so that tasks due at about the
+/// same moment wake the process once (`model::pacing::until_boundary`).
+fn next_boundary(grain: Duration, min: Duration) -> tokio::time::Instant {
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    tokio::time::Instant::now() + crate::model::pacing::until_boundary(unix, grain, min)
 }
 
 /// A uniform draw in [0, 1) for the wait sampling schedule. std's

@@ -239,18 +239,7 @@ fn spawn_syncs(
     metrics: &Metrics,
     clusters: Arc<crate::postgres::ClusterSet>,
 ) -> anyhow::Result<()> {
-    let targets = move || {
-        clusters
-            .snapshots()
-            .into_iter()
-            .map(|c| {
-                let dir = c
-                    .setting("data_directory")
-                    .map(|s| std::path::PathBuf::from(&s.value));
-                (c.name, dir)
-            })
-            .collect()
-    };
+    let targets = move || clusters.data_directories();
     crate::ebpf::spawn(metrics.syncs(), Box::new(targets))
         .context("starting the postgres.syncs thread")
 }

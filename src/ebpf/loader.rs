@@ -36,6 +36,12 @@ const SYSCALLS: [(&str, &str); 6] = [
     ("sys_exit_pwrite64", "exit_pwrite64"),
 ];
 
+/// Rounds between two readings of a traced cluster's directories while its
+/// postmaster stays the same (every other round: 10 s): only a tablespace
+/// created or dropped changes them then (`pg_wal` moves only across a
+/// restart).
+const DIRS_EVERY: u32 = 2;
+
 /// A traced cluster's slot and what the kernel was last told about it.
 #[derive(Debug)]
 struct Slot {
@@ -43,6 +49,11 @@ struct Slot {
     postmaster: Option<u32>,
     dirs: Option<Dirs>,
     traced_once: bool,
+    /// `postmaster.pid` when the postmaster was last found from it, and
+    /// the data directory's (device, inode) then.
+    pid_file: Option<(seed::Stamp, (u64, u64))>,
+    /// Rounds since the directories were read.
+    dirs_age: u32,
 }
 
 pub(super) struct Tracer {
@@ -176,16 +187,36 @@ impl Tracer {
                     postmaster: None,
                     dirs: None,
                     traced_once: false,
+                    pid_file: None,
+                    dirs_age: 0,
                 },
             );
         }
         let data = data.ok_or("no_data_directory")?;
-        let pid = seed::postmaster(data);
-        let dirs = seed::dirs(data).ok_or("not_local");
         let Some(slot) = self.slots.get(name) else {
             return Err("no_data_directory");
         };
         let (index, had_pid, had_dirs) = (slot.index, slot.postmaster, slot.dirs.clone());
+        // The cheap way while nothing changed: the same postmaster.pid
+        // naming a process that still runs in the same data directory is
+        // the same postmaster (2 stats, not 10 file system calls), and the
+        // directories are read again every DIRS_EVERY rounds.
+        let stamp = seed::stamp(&data.join("postmaster.pid"));
+        let same = match (had_pid, slot.pid_file, stamp) {
+            (Some(p), Some((was, dir)), Some(now)) if was == now && seed::runs_in(p, dir) => {
+                Some((p, dir))
+            }
+            _ => None,
+        };
+        let read_dirs = same.is_none() || had_dirs.is_none() || slot.dirs_age >= DIRS_EVERY;
+        let pid = match same {
+            Some((p, _)) => Ok(p),
+            None => seed::postmaster(data),
+        };
+        let dirs = match &had_dirs {
+            Some(d) if !read_dirs => Ok(d.clone()),
+            _ => seed::dirs(data).ok_or("not_local"),
+        };
         let (pid, dirs) = match (pid, dirs) {
             (Ok(p), Ok(d)) => (p, d),
             (Err(e), _) | (_, Err(e)) => {
@@ -214,6 +245,10 @@ impl Tracer {
         }
         if let Some(s) = self.slots.get_mut(name) {
             s.postmaster = Some(pid);
+            s.dirs_age = if read_dirs { 0 } else { s.dirs_age + 1 };
+            if same.is_none() {
+                s.pid_file = stamp.zip(seed::dir_id(data));
+            }
             s.dirs = Some(dirs);
             s.traced_once = true;
         }

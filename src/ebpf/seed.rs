@@ -172,6 +172,29 @@ pub(crate) fn dirs(data: &Path) -> Option<Dirs> {
     })
 }
 
+/// What identifies one writing of a file: (device, inode, size, mtime
+/// in nanoseconds). PostgreSQL writes `postmaster.pid` anew at each start
+/// (and adds its status lines while starting), so an unchanged stamp is an
+/// unchanged postmaster.
+pub(crate) type Stamp = (u64, u64, u64, i128);
+
+pub(crate) fn stamp(path: &Path) -> Option<Stamp> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+    ))
+}
+
+/// Whether process `pid` still runs in the directory `dir` ((kernel device,
+/// inode), from [`dir_id`]): the check of [`postmaster`] alone, for a pid
+/// read before.
+pub(crate) fn runs_in(pid: u32, dir: (u64, u64)) -> bool {
+    dir_id(&PathBuf::from(format!("/proc/{pid}/cwd"))) == Some(dir)
+}
+
 /// A traced cluster's state: (name, traced or why not, per kind the
 /// histogram's words once it was traced).
 pub(crate) type Reading = (String, Result<(), &'static str>, Option<[Vec<u64>; 3]>);

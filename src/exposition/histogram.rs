@@ -41,7 +41,7 @@ fn le(format: Format) -> &'static [String] {
         Format::OpenMetrics => &OM,
     };
     cell.get_or_init(|| {
-        let mut bounds = probe_buckets();
+        let mut bounds = probe_buckets().to_vec();
         bounds.push(f64::INFINITY);
         text::le_labels(format, &bounds)
     })
@@ -131,7 +131,8 @@ mod tests {
     #[test]
     fn same_text_as_prometheus_client() {
         let mut buckets: Vec<(f64, u64)> = probe_buckets()
-            .into_iter()
+            .iter()
+            .copied()
             .chain([f64::INFINITY])
             .map(|b| (b, 0))
             .collect();

@@ -8,8 +8,14 @@
 //! (docs/storage-facts.md), coarse enough to keep 4 ops × 38 series per
 //! volume.
 
-/// Upper bounds in seconds, ascending; `+Inf` is implicit.
-pub(crate) fn probe_buckets() -> Vec<f64> {
+/// Upper bounds in seconds, ascending; `+Inf` is implicit. Computed once:
+/// the sync tracer builds its histograms from them every second.
+pub(crate) fn probe_buckets() -> &'static [f64] {
+    static BOUNDS: std::sync::LazyLock<Vec<f64>> = std::sync::LazyLock::new(bounds);
+    &BOUNDS
+}
+
+fn bounds() -> Vec<f64> {
     let mut out = Vec::with_capacity(37);
     for decade in -5..=0i32 {
         for step in 0..6 {

@@ -347,6 +347,29 @@ impl ClusterSet {
             .unwrap_or_default()
     }
 
+    /// Each cluster's name and `data_directory` once read: what the sync
+    /// tracer follows, asked every second, so without copying the rest of
+    /// each snapshot.
+    pub(crate) fn data_directories(&self) -> Vec<(String, Option<PathBuf>)> {
+        self.clusters
+            .read()
+            .map(|v| {
+                v.iter()
+                    .map(|c| {
+                        let dir = c
+                            .with(|i| {
+                                i.snap
+                                    .setting("data_directory")
+                                    .map(|s| PathBuf::from(&s.value))
+                            })
+                            .flatten();
+                        (c.name.clone(), dir)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Forgets a cluster a reload removed, so its series go stale.
     pub(crate) fn remove(&self, name: &str) {
         if let Ok(mut v) = self.clusters.write() {

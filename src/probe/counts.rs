@@ -31,7 +31,7 @@ struct Hist {
 /// Cumulative counts of one volume.
 #[derive(Debug)]
 pub(crate) struct ProbeCounts {
-    bounds: Vec<f64>,
+    bounds: &'static [f64],
     // One lock for all histograms: the probe thread takes it a few times a
     // second and a scrape once; contention is not a cost worth atomics.
     hists: Mutex<Vec<Hist>>,

@@ -84,14 +84,11 @@ fn own_wal_syncs(pg: &PgServer) -> (f64, f64) {
     (n, ms / 1000.0)
 }
 
-/// Polls `read` until two readings `settle` apart are equal (the server's
+/// Polls `read` until two readings [`SETTLE`] apart are equal (the server's
 /// statistics are flushed a moment after the work, the exporter reads the
-/// kernel maps once a second).
-fn settled<T: PartialEq + std::fmt::Debug>(
-    what: &str,
-    settle: Duration,
-    read: impl Fn() -> T,
-) -> T {
+/// kernel maps every 5 seconds).
+fn settled<T: PartialEq + std::fmt::Debug>(what: &str, read: impl Fn() -> T) -> T {
+    let settle = SETTLE;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut last = read();
     loop {
@@ -104,6 +101,11 @@ fn settled<T: PartialEq + std::fmt::Debug>(
         last = now;
     }
 }
+
+/// Longer than the exporter's round of reading the kernel maps (5 s), so
+/// that two equal readings mean the counts stopped moving, not that the
+/// exporter has not read the maps again yet.
+const SETTLE: Duration = Duration::from_millis(5500);
 
 fn wal_and_checkpoint(kind: PgKind) {
     if !can_trace() {
@@ -119,7 +121,7 @@ fn wal_and_checkpoint(kind: PgKind) {
         let m = ex.metrics();
         (own_wal_syncs(pg).0 as u64, hist(&m, "c", "wal").0 as u64)
     };
-    settled("WAL syncs before", Duration::from_millis(1500), both);
+    settled("WAL syncs before", both);
     let (p0, s0) = own_wal_syncs(pg);
     let (e0, es0) = hist(&ex.metrics(), "c", "wal");
 
@@ -130,7 +132,7 @@ fn wal_and_checkpoint(kind: PgKind) {
         .unwrap_or(12);
     let out = pg.pgbench_inserts(4, seconds);
     assert!(out.contains("tps"), "{out}");
-    settled("WAL syncs after", Duration::from_millis(1500), both);
+    settled("WAL syncs after", both);
     let (p1, s1) = own_wal_syncs(pg);
     let m1 = ex.metrics();
     let (e1, es1) = hist(&m1, "c", "wal");
@@ -169,12 +171,12 @@ fn wal_and_checkpoint(kind: PgKind) {
         })
     };
     let data = || hist(&ex.metrics(), "c", "data").0 as u64;
-    let d0 = settled("data syncs before", Duration::from_millis(1500), data);
+    let d0 = settled("data syncs before", data);
     let r0 = own_relation_fsyncs();
     let log_before = pg.log().len();
     pg.psql("UPDATE ins SET v = v + 1");
     pg.psql("CHECKPOINT");
-    let d1 = settled("data syncs after", Duration::from_millis(1500), data);
+    let d1 = settled("data syncs after", data);
     let dd = (d1 - d0) as f64;
     let log = pg.log();
     let line = log[log_before..]
@@ -390,7 +392,7 @@ fn pg_syncs_tell_two_clusters_and_a_foreign_process_apart() {
             hist(&m, "b", "wal").0 as u64,
         )
     };
-    let before = settled("WAL syncs before", Duration::from_millis(1500), read);
+    let before = settled("WAL syncs before", read);
 
     // fio in b's pg_wal (a name PostgreSQL ignores there), at the same
     // time as pgbench on a.
@@ -421,7 +423,7 @@ fn pg_syncs_tell_two_clusters_and_a_foreign_process_apart() {
             std::fs::remove_file(e.path()).unwrap();
         }
     }
-    let after = settled("WAL syncs after", Duration::from_millis(1500), read);
+    let after = settled("WAL syncs after", read);
     let (pa, ea, pb, eb) = (
         after.0 - before.0,
         after.1 - before.1,
@@ -538,9 +540,9 @@ fn pg_syncs_count_the_o_dsync_wal_writes_of_open_datasync() {
             .unwrap() as u64
     };
     let both = || (writes(), hist(&ex.metrics(), "c", "wal").0 as u64);
-    let before = settled("WAL writes before", Duration::from_millis(1500), both);
+    let before = settled("WAL writes before", both);
     pg.pgbench_inserts(4, 8);
-    let after = settled("WAL writes after", Duration::from_millis(1500), both);
+    let after = settled("WAL writes after", both);
     let (dp, de) = (after.0 - before.0, after.1 - before.1);
     crate::common::pg::report(&format!(
         "open_datasync: O_DSYNC WAL writes traced {de} / server's WAL writes {dp}"

@@ -196,6 +196,10 @@ fn run_daemon(cli: Cli) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("pgse-async")
+        // The limits pass runs on a blocking thread every 10 s by default:
+        // at tokio's 10 s keep-alive that thread often exits just before
+        // the next pass, which then starts a new one.
+        .thread_keep_alive(std::time::Duration::from_secs(60))
         .on_thread_park(daemon::lower_worker_priority)
         .enable_all()
         .build()

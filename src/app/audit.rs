@@ -322,8 +322,9 @@ pub(crate) fn check_cluster(
         let checkpoints = crate::postgres::views::checkpoints::read(db, version)
             .await
             .map_err(|e| anyhow::anyhow!("reading the checkpoint statistics: {e}"))?;
-        let wal = crate::postgres::views::wal::read(db, version, false)
+        let wal = crate::postgres::views::wal::read(db, version)
             .await
+            .map(|w| crate::postgres::views::wal::keep_timed(w, false))
             .map_err(|e| anyhow::anyhow!("reading the WAL statistics: {e}"))?;
         // Only a bound for the sizing: without it (no privilege to size
         // every database) the fix is sized from the rate alone.

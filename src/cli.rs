@@ -105,7 +105,7 @@ pub(crate) struct Cli {
     pub(crate) sync_method: Option<SyncMethodArg>,
 
     /// Time between probe rounds for --probe.path volumes, e.g. 250ms
-    /// (default: 1s, or [defaults].interval of --config.file).
+    /// (default: 2s, or [defaults].interval of --config.file).
     #[arg(long = "probe.interval", value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) interval: Option<Duration>,
 
@@ -142,7 +142,7 @@ pub(crate) struct Cli {
         long = "pg.scrape-interval",
         value_parser = parse_duration,
         value_name = "DURATION",
-        default_value = "10s"
+        default_value = "15s"
     )]
     pub(crate) pg_scrape_interval: Duration,
 

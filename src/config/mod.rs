@@ -105,7 +105,7 @@ impl AuditSettings {
 pub(crate) const DEFAULT_AUDIT_INTERVAL: Duration = Duration::from_secs(5 * 60);
 
 pub(crate) const DEFAULT_LIMITS_INTERVAL: Duration = Duration::from_secs(10);
-pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(10);
+pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(15);
 pub(crate) const DEFAULT_WAIT_SAMPLING_INTERVAL: Duration = Duration::from_secs(1);
 pub(crate) const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 

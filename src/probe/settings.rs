@@ -95,7 +95,7 @@ impl Default for ProbeSettings {
         ProbeSettings {
             commit_probe: true,
             read_probe: true,
-            interval: Duration::from_secs(1),
+            interval: Duration::from_secs(2),
             timeout: Duration::from_secs(10),
             // Big enough that random 8 KiB reads rarely hit the same block
             // twice in a window, small enough to write at start on any volume.

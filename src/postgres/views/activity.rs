@@ -46,7 +46,7 @@ impl WaitSample {
 pub(crate) const QUIET_SAMPLES: u32 = 3;
 
 /// The mean interval grows to at most `wait_sampling_interval` × 2^this.
-pub(crate) const MAX_DOUBLINGS: u32 = 3;
+pub(crate) const MAX_DOUBLINGS: u32 = 5;
 
 /// No gap is longer than this many mean intervals: a wait that lasts that
 /// long is always seen.
@@ -372,11 +372,11 @@ mod tests {
         let base = Duration::from_secs(1);
         let mut s = Schedule::new(base);
         let mut seen = vec![];
-        for _ in 0..8 {
+        for _ in 0..10 {
             s.observe(false);
             seen.push(s.interval().as_secs());
         }
-        assert_eq!(seen, [1, 1, 2, 4, 8, 8, 8, 8]);
+        assert_eq!(seen, [1, 1, 2, 4, 8, 16, 32, 32, 32, 32]);
         s.observe(true);
         assert_eq!(s.interval(), base);
         assert_eq!(
@@ -397,27 +397,27 @@ mod tests {
         for _ in 0..QUIET_SAMPLES + MAX_DOUBLINGS {
             s.observe(false);
         }
-        assert_eq!(s.interval(), base * 8);
-        // u = 0: the very next base interval, weighing 8 of them.
+        assert_eq!(s.interval(), base * 32);
+        // u = 0: the very next base interval, weighing 32 of them.
         assert_eq!(
             s.next(0.0),
             Planned {
                 gap: base,
-                weight: base * 8
+                weight: base * 32
             }
         );
-        // P(gap > k) = (7/8)^k: the median gap is 6 intervals.
-        assert_eq!(s.next(0.5).gap, base * 6);
-        // The cap (16 intervals) is sampled for sure and weighs itself.
+        // P(gap > k) = (31/32)^k: the median gap is 22 intervals.
+        assert_eq!(s.next(0.5).gap, base * 22);
+        // The cap (64 intervals) is sampled for sure and weighs itself.
         assert_eq!(
             s.next(0.999_999),
             Planned {
-                gap: base * 16,
+                gap: base * 64,
                 weight: base
             }
         );
-        // Over many draws the mean gap is 7.1 intervals (8 but for the
-        // cap), and a sample
+        // Over many draws the mean gap is 27.8 intervals (32 but for the
+        // cap: 32 × (1 - (31/32)^64)), and a sample
         // weighs, on average, the gap it ends: each base interval counts
         // once in expectation.
         let n = 100_000u32;
@@ -428,7 +428,7 @@ mod tests {
             weights += p.weight.as_secs_f64();
         }
         let (gap, weight) = (gaps / f64::from(n), weights / f64::from(n));
-        assert!((7.0..7.2).contains(&gap), "{gap}");
+        assert!((27.6..28.0).contains(&gap), "{gap}");
         assert!((weight / gap - 1.0).abs() < 0.01, "{weight} against {gap}");
     }
 

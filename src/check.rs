@@ -35,7 +35,7 @@ use crate::probe::files::{ProbeDir, SetupError, raw};
 use crate::probe::fsinfo::{self, Roots};
 use crate::probe::placement::{Asker, check_probe_dir};
 use crate::probe::settings::{
-    BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, ProbeSettings, WAL_FILE_SIZE, after_idle_pause,
+    BLOCK_SIZE, CHECK_DIR_NAME, PROBE_DIR_NAME, WAL_FILE_SIZE, after_idle_pause,
 };
 use crate::probe::sweep::Table;
 use crate::types::{EngineChoice, EngineKind, Resource, SyncMethod};
@@ -43,11 +43,13 @@ use crate::types::{EngineChoice, EngineKind, Resource, SyncMethod};
 use ceiling::{Cap, CapSource, Ceiling};
 use progress::Progress;
 
-/// The idle time before each lone commit: the daemon's, at its default
-/// interval ([`after_idle_pause`]), so that `check` and the daemon mean the
-/// same by "after a pause". 250 ms keeps eight of them within two seconds.
+/// The idle time before each lone commit: the daemon's pause at a 1 s
+/// interval ([`after_idle_pause`]). The after-idle cost grows with the
+/// pause and levels off within about 50 ms on the build machine, so this
+/// means what the daemon's half-second pause at its default 2 s interval
+/// means, and keeps eight lone commits within two seconds.
 pub(crate) fn after_idle_pause_default() -> Duration {
-    after_idle_pause(ProbeSettings::default().interval)
+    after_idle_pause(Duration::from_secs(1))
 }
 /// Lone commits at most; fewer when the commit half is short.
 const AFTER_IDLE_COMMITS: u32 = 8;

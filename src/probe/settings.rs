@@ -533,9 +533,13 @@ mod tests {
 
     #[test]
     fn after_idle_pause_is_a_quarter_interval() {
-        // check takes it at the default interval: 250 ms.
         assert_eq!(
             after_idle_pause(ProbeSettings::default().interval),
+            Duration::from_millis(500)
+        );
+        // check takes it at a 1 s interval.
+        assert_eq!(
+            crate::check::after_idle_pause_default(),
             Duration::from_millis(250)
         );
         assert_eq!(

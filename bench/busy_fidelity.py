@@ -8,7 +8,7 @@ Run as root from anywhere, after `cargo build --release`:
     bench/busy_fidelity.py [PAIRS]        # default 5; about 2 minutes a pair
 
 Per pair, in one directory (/var/tmp/fid), order alternating: the exporter
-with only --probe.path for 65 s (two bursts: 24 busy commit samples and
+with only --probe.path and a 1 s --probe.interval for 65 s (two bursts: 24 busy commit samples and
 the reads of two 8 ms spans, about 150; about 60 lone ones), its window p50s read from /metrics; then
 fio: write + fdatasync back to back (4 s, sync p50) and with --thinktime=1s
 (25 s), 8 KiB O_DIRECT random reads with io_uring at QD 1 back to back (4 s)
@@ -24,7 +24,7 @@ def fio(args, secs):
     j=json.loads(out)["jobs"][0]; return j
 def p50(lat): return lat["percentile"]["50.000000"]/1e3
 def daemon(secs):
-    p=subprocess.Popen([B,"--probe.path",D,"--web.listen-address","127.0.0.1:%d"%PORT,"--collector.probes.split"],stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
+    p=subprocess.Popen([B,"--probe.path",D,"--probe.interval","1s","--web.listen-address","127.0.0.1:%d"%PORT,"--collector.probes.split"],stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
     time.sleep(secs)
     m=urllib.request.urlopen("http://127.0.0.1:%d/metrics"%PORT).read().decode()
     p.send_signal(signal.SIGTERM); p.wait()

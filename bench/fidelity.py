@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Probe fidelity: the pg-storage-exporter daemon at default settings
-against fio, interleaved A/B, in one directory.
+"""Probe fidelity: the pg-storage-exporter daemon at default settings but
+a 1 s probe interval against fio, interleaved A/B, in one directory.
 
-Each pair runs the exporter with nothing but `--probe.path DIR` (a listen
-address, and `--collector.probes.split`, which only exposes the commit
+Each pair runs the exporter with nothing but `--probe.path DIR` and a 1 s
+`--probe.interval` (a listen address, and `--collector.probes.split`, which only exposes the commit
 probe's write and sync halves as their own series: the sync half is what
 fio's sync percentiles compare with) for --daemon-seconds (130: at the
 default busy_every of 40 s that is four bursts, at about 3, 43, 83 and
@@ -117,7 +117,10 @@ def daemon(binary, d, seconds, logfile=None):
     returning or raising."""
     port = free_port()
     lf = open(logfile, "w") if logfile else subprocess.DEVNULL
-    p = subprocess.Popen([binary, "--probe.path", d, "--web.listen-address", f"127.0.0.1:{port}",
+    # A 1 s interval, the think time fio copies (the default, 2 s, would
+    # only halve the after-idle samples).
+    p = subprocess.Popen([binary, "--probe.path", d, "--probe.interval", "1s",
+                          "--web.listen-address", f"127.0.0.1:{port}",
                           "--collector.probes.split"],
                          stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, start_new_session=True)
     if logfile:

@@ -59,9 +59,9 @@ impl Renders {
         // CPU per scrape 0.95-0.97 against 1.20-1.27 ms with
         // `spawn_blocking`, GET p50 1.22-1.31 against 1.38-1.63 ms. The
         // encode touches only memory and /proc/self (no lock is held for
-        // long: probe threads take the window locks for a push), and at most
-        // one render per format runs at a time, so of the two workers one
-        // is always free for connections and the PostgreSQL collectors.
+        // long: probe threads take the window locks for a push). With the
+        // runtime's one worker, scrapes are rendered in turn; with more
+        // workers, at most one render per format would run at a time.
         let mut out = slot.take().map(|r| reclaim(r.body)).unwrap_or_default();
         metrics
             .encode_into(&mut out, format)

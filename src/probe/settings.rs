@@ -537,11 +537,6 @@ mod tests {
             after_idle_pause(ProbeSettings::default().interval),
             Duration::from_millis(500)
         );
-        // check takes it at a 1 s interval.
-        assert_eq!(
-            crate::check::after_idle_pause_default(),
-            Duration::from_millis(250)
-        );
         assert_eq!(
             after_idle_pause(Duration::from_secs(10)),
             Duration::from_millis(2500)

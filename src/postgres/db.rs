@@ -134,16 +134,8 @@ impl<'a> Db<'a> {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> QResult<Vec<Row>> {
-        let r = self
-            .within(async {
-                let s = self.prepared(sql).await?;
-                self.client.query(&s, params).await
-            })
-            .await;
-        if r.is_err() {
-            self.statements.forget(sql);
-        }
-        r
+        self.run(sql, |s| async move { self.client.query(&s, params).await })
+            .await
     }
 
     pub(crate) async fn query_one(
@@ -151,10 +143,23 @@ impl<'a> Db<'a> {
         sql: &'static str,
         params: &[&(dyn ToSql + Sync)],
     ) -> QResult<Row> {
+        self.run(
+            sql,
+            |s| async move { self.client.query_one(&s, params).await },
+        )
+        .await
+    }
+
+    /// Runs `sql`'s prepared statement under the deadline, forgetting it
+    /// when that fails (see `Statements::forget`).
+    async fn run<T, F>(&self, sql: &'static str, f: impl FnOnce(Statement) -> F) -> QResult<T>
+    where
+        F: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
         let r = self
             .within(async {
                 let s = self.prepared(sql).await?;
-                self.client.query_one(&s, params).await
+                f(s).await
             })
             .await;
         if r.is_err() {

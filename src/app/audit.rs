@@ -303,7 +303,7 @@ pub(crate) fn check_cluster(
             .await
             .map_err(|_| anyhow::anyhow!("{}: no answer within {within:?}", target.display))?
             .map_err(|e| anyhow::anyhow!("{}: {e}", target.display))?;
-        let statements = crate::postgres::db::Statements::default();
+        let statements = crate::postgres::db::Statements::new(&target.display);
         let db = crate::postgres::db::Db::new(
             &conn.client,
             &statements,

@@ -98,12 +98,16 @@ impl Cause {
     }
 }
 
-/// A failed query: the server's (or the driver's) error, or no answer
-/// within the client deadline.
+/// A failed query: the server's (or the driver's) error, no answer within
+/// the client deadline, or an answer not shaped as the statement's.
 #[derive(Debug)]
 pub(crate) enum QueryError {
     Pg(tokio_postgres::Error),
     NoAnswer(Duration),
+    /// This many rows from a statement that returns one.
+    RowCount(usize),
+    /// This column NULL, or not of the type the statement gives it.
+    Column(usize),
 }
 
 impl From<tokio_postgres::Error> for QueryError {
@@ -117,6 +121,7 @@ impl QueryError {
         match self {
             QueryError::Pg(e) => Cause::of(e),
             QueryError::NoAnswer(_) => Cause::ClientTimeout,
+            QueryError::RowCount(_) | QueryError::Column(_) => Cause::Other,
         }
     }
 
@@ -140,6 +145,7 @@ impl QueryError {
                     })
             }
             QueryError::NoAnswer(_) => true,
+            QueryError::RowCount(_) | QueryError::Column(_) => false,
         }
     }
 }
@@ -153,6 +159,11 @@ impl std::fmt::Display for QueryError {
                 "no answer from PostgreSQL within {d:?} (statement_timeout plus {:?}): \
                  the server did not even cancel the statement",
                 DEADLINE_MARGIN
+            ),
+            QueryError::RowCount(n) => write!(f, "{n} rows where the statement returns one"),
+            QueryError::Column(i) => write!(
+                f,
+                "column {i} is NULL or not of the type the statement returns"
             ),
         }
     }

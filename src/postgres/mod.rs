@@ -429,7 +429,7 @@ pub(crate) async fn run(
             deadline,
         )
         .await;
-        let (conn, version, all) = match set_up {
+        let (conn, version, all, statements) = match set_up {
             Ok(ok) => ok,
             Err(e) => {
                 connect_failed(&cfg, &target, &state, &mut failures, &e, backoff);
@@ -440,8 +440,6 @@ pub(crate) async fn run(
         };
         backoff = BACKOFF_START;
         connected(&cfg, &mut failures, &version.1, all, &mut sees_all);
-        // This connection's statements: prepared on it, gone with it.
-        let statements = db::Statements::default();
         let session = Session {
             cfg: &cfg,
             state: &state,
@@ -481,7 +479,7 @@ async fn connect(
     failures: &mut Failures,
     connect_within: Option<Duration>,
     deadline: Duration,
-) -> Result<(tls::Connection, (u32, String), Option<bool>), ConnectFailure> {
+) -> Result<(tls::Connection, (u32, String), Option<bool>, db::Statements), ConnectFailure> {
     let attempt = match connect_within {
         Some(within) => match tokio::time::timeout(within, tls::connect(target)).await {
             Ok(Ok(c)) => Ok(c),
@@ -491,8 +489,10 @@ async fn connect(
         None => tls::connect(target).await.map_err(ConnectFailure::Failed),
     };
     let conn = attempt?;
-    // The few statements of the set-up, not kept.
-    let statements = db::Statements::default();
+    // The few statements of the set-up, not kept: the session's own
+    // statements, prepared on this connection and gone with it, start
+    // afresh in the protocol the set-up found.
+    let statements = db::Statements::new(&cfg.name);
     let session = Session {
         cfg,
         state,
@@ -501,7 +501,7 @@ async fn connect(
         settings: None,
     };
     match session.setup().await {
-        Ok((version, all)) => Ok((conn, version, all)),
+        Ok((version, all)) => Ok((conn, version, all, statements.renew())),
         Err(lost) => Err(ConnectFailure::SetUp(lost.error)),
     }
 }

@@ -17,7 +17,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::families::{self, Encoder};
-use crate::postgres::db::{Db, QResult};
+use crate::postgres::db::{Db, QResult, Row};
 use crate::postgres::snapshot::ClusterSnapshot;
 use crate::postgres::views::rows::Planned;
 
@@ -164,14 +164,12 @@ const SQL_SEES_ALL: &str = "SELECT pg_has_role(current_user, 'pg_read_all_stats'
 
 /// Takes one sample (the query and its hidden rows: `SQL`).
 pub(crate) async fn sample(c: Db<'_>) -> QResult<WaitSample> {
-    let rows = c.query(SQL, &[]).await?;
+    let rows = c.query(SQL).await?;
     let mut sample = WaitSample::default();
     for r in &rows {
-        let ty: Option<String> = r.try_get(0)?;
-        let event: Option<String> = r.try_get(1)?;
-        let n: i64 = r.try_get(2)?;
-        match (ty, event) {
-            (Some(t), Some(e)) => sample.waiting.push((t, e, n)),
+        let n = r.need(2, Row::int)?;
+        match (r.text(0), r.text(1)) {
+            (Some(t), Some(e)) => sample.waiting.push((t.to_string(), e.to_string(), n)),
             _ => sample.hidden += n.max(0) as u64,
         }
     }
@@ -180,8 +178,7 @@ pub(crate) async fn sample(c: Db<'_>) -> QResult<WaitSample> {
 
 /// Whether this role sees every backend (see `SQL_SEES_ALL`).
 pub(crate) async fn sees_all_backends(c: Db<'_>) -> QResult<bool> {
-    let row = c.query_one(SQL_SEES_ALL, &[]).await?;
-    Ok(row.try_get(0)?)
+    c.query_one(SQL_SEES_ALL).await?.need(0, Row::bool)
 }
 
 pub(crate) fn encode(enc: &mut Encoder<'_>, clusters: &[ClusterSnapshot]) -> fmt::Result {

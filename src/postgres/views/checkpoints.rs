@@ -10,7 +10,7 @@
 use std::fmt;
 
 use crate::families::{self, Encoder};
-use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
+use crate::postgres::db::{Db, QResult, ms_to_seconds};
 use crate::postgres::snapshot::ClusterSnapshot;
 use crate::postgres::views::rows::Checkpoints;
 
@@ -58,35 +58,35 @@ pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<Checkpoints>
     match source(version) {
         Source::None => Ok(None),
         Source::Bgwriter => {
-            let r = c.query_one(SQL_BGWRITER, &[]).await?;
+            let r = c.query_one(SQL_BGWRITER).await?;
             Ok(Some(Checkpoints {
-                timed: float(&r, 0),
-                requested: float(&r, 1),
-                write_seconds: ms(float(&r, 2)),
-                sync_seconds: ms(float(&r, 3)),
-                buffers_written: float(&r, 4),
-                bgwriter_buffers_clean: float(&r, 5),
-                bgwriter_maxwritten_clean: float(&r, 6),
-                buffers_alloc: float(&r, 7),
-                backend_buffers_written: float(&r, 8),
-                backend_fsyncs: float(&r, 9),
+                timed: r.float(0),
+                requested: r.float(1),
+                write_seconds: ms(r.float(2)),
+                sync_seconds: ms(r.float(3)),
+                buffers_written: r.float(4),
+                bgwriter_buffers_clean: r.float(5),
+                bgwriter_maxwritten_clean: r.float(6),
+                buffers_alloc: r.float(7),
+                backend_buffers_written: r.float(8),
+                backend_fsyncs: r.float(9),
             }))
         }
         Source::Checkpointer => {
             let second = c.behind(1);
             let (cp, bg) = tokio::try_join!(
-                c.query_one(SQL_CHECKPOINTER, &[]),
-                second.query_one(SQL_BGWRITER_17, &[])
+                c.query_one(SQL_CHECKPOINTER),
+                second.query_one(SQL_BGWRITER_17)
             )?;
             Ok(Some(Checkpoints {
-                timed: float(&cp, 0),
-                requested: float(&cp, 1),
-                write_seconds: ms(float(&cp, 2)),
-                sync_seconds: ms(float(&cp, 3)),
-                buffers_written: float(&cp, 4),
-                bgwriter_buffers_clean: float(&bg, 0),
-                bgwriter_maxwritten_clean: float(&bg, 1),
-                buffers_alloc: float(&bg, 2),
+                timed: cp.float(0),
+                requested: cp.float(1),
+                write_seconds: ms(cp.float(2)),
+                sync_seconds: ms(cp.float(3)),
+                buffers_written: cp.float(4),
+                bgwriter_buffers_clean: bg.float(0),
+                bgwriter_maxwritten_clean: bg.float(1),
+                buffers_alloc: bg.float(2),
                 backend_buffers_written: None,
                 backend_fsyncs: None,
             }))

@@ -13,7 +13,7 @@
 use std::fmt;
 
 use crate::families::Encoder;
-use crate::postgres::db::{Db, QResult, float};
+use crate::postgres::db::{Db, QResult};
 use crate::postgres::snapshot::ClusterSnapshot;
 use crate::postgres::views::rows::Transactions;
 
@@ -31,16 +31,16 @@ const SIZE_SQL: &str = "SELECT sum(pg_database_size(oid))::float8 FROM pg_databa
      WHERE has_database_privilege(oid, 'CONNECT')";
 
 pub(crate) async fn size(c: Db<'_>) -> QResult<Option<f64>> {
-    let r = c.query_one(SIZE_SQL, &[]).await?;
-    Ok(float(&r, 0))
+    let r = c.query_one(SIZE_SQL).await?;
+    Ok(r.float(0))
 }
 
 pub(crate) async fn read(c: Db<'_>) -> QResult<Transactions> {
-    let r = c.query_one(SQL, &[]).await?;
+    let r = c.query_one(SQL).await?;
     Ok(Transactions {
-        commits: float(&r, 0),
-        rollbacks: float(&r, 1),
-        next_xid: float(&r, 2),
+        commits: r.float(0),
+        rollbacks: r.float(1),
+        next_xid: r.float(2),
     })
 }
 

@@ -8,7 +8,7 @@
 
 use crate::families::Format;
 use crate::families::text::{Kind, Lines, label_text};
-use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
+use crate::postgres::db::{Db, QResult, ms_to_seconds};
 use crate::postgres::snapshot::ClusterSnapshot;
 use crate::postgres::views::rows::{IoOp, IoRow};
 
@@ -57,16 +57,16 @@ pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<Vec<IoRow>>>
     let Some(sql) = sql(version) else {
         return Ok(None);
     };
-    let rows = c.query(sql, &[]).await?;
+    let rows = c.query(sql).await?;
     let ms = ms_to_seconds;
     Ok(Some(
         rows.iter()
             .filter_map(|r| {
-                let f = |i| float(r, i);
+                let f = |i| r.float(i);
                 Some(IoRow {
-                    backend_type: r.try_get(0).ok()?,
-                    object: r.try_get(1).ok()?,
-                    context: r.try_get(2).ok()?,
+                    backend_type: r.text(0)?.to_string(),
+                    object: r.text(1)?.to_string(),
+                    context: r.text(2)?.to_string(),
                     ops: vec![
                         op("read", f(3), ms(f(4)), f(16)),
                         op("write", f(5), ms(f(6)), f(17)),

@@ -40,10 +40,9 @@ pub(crate) async fn local(c: Db<'_>) -> QResult<bool> {
         .query_one(
             "SELECT coalesce(inet_client_addr() <<= '127.0.0.0/8'::inet \
              OR inet_client_addr() = '::1'::inet, true)",
-            &[],
         )
         .await?;
-    Ok(row.try_get::<_, bool>(0).unwrap_or(false))
+    Ok(row.bool(0).unwrap_or(false))
 }
 
 /// The fastest of [`TRIES`] round trips of `SELECT 1`, in seconds.

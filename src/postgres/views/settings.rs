@@ -5,9 +5,10 @@
 //! (io_method exists from 18) is simply not returned.
 
 use std::fmt;
+use std::sync::LazyLock;
 
 use crate::families::{self, Encoder};
-use crate::postgres::db::{Db, QResult};
+use crate::postgres::db::{Db, QResult, Row, literal};
 use crate::postgres::snapshot::ClusterSnapshot;
 use crate::postgres::views::rows::Setting;
 
@@ -48,9 +49,18 @@ const EXPORTED_LEN: usize = 13;
 const EXPORTED: &[&str] = SETTINGS.split_at(EXPORTED_LEN).0;
 
 /// Rows with `pending_restart` come too, whatever their name: the audit
-/// reports every setting waiting for a restart.
-const SQL: &str = "SELECT name, setting, unit, vartype, source, pending_restart FROM pg_settings \
-     WHERE name = ANY($1) OR pending_restart ORDER BY name";
+/// reports every setting waiting for a restart. The names are written
+/// into the text rather than sent as a parameter: a replication session
+/// takes simple queries only, which carry none (see `db::Statements`).
+/// Built once, so that it is the one statement the connection prepares.
+static SQL: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<String> = SETTINGS.iter().filter_map(|s| literal(s)).collect();
+    format!(
+        "SELECT name, setting, unit, vartype, source, pending_restart FROM pg_settings \
+         WHERE name IN ({}) OR pending_restart ORDER BY name",
+        names.join(", ")
+    )
+});
 
 /// Settings exported as values.
 pub(crate) fn exported_setting(name: &str) -> bool {
@@ -97,33 +107,34 @@ pub(crate) fn numeric_setting(setting: &str, unit: Option<&str>, vartype: &str) 
 const SQL_LOADED: &str = "SELECT pg_conf_load_time()::text";
 
 pub(crate) async fn loaded(c: Db<'_>) -> QResult<String> {
-    Ok(c.query_one(SQL_LOADED, &[]).await?.try_get(0)?)
+    Ok(c.query_one(SQL_LOADED)
+        .await?
+        .need(0, Row::text)?
+        .to_string())
 }
 
 pub(crate) async fn read(c: Db<'_>) -> QResult<Vec<Setting>> {
-    let rows = c.query(SQL, &[&SETTINGS]).await?;
+    let rows = c.query(SQL.as_str()).await?;
     Ok(rows
         .iter()
         .filter_map(|r| {
-            let name: String = r.try_get(0).ok()?;
-            let value: String = r.try_get::<_, Option<String>>(1).ok()??;
-            let unit: Option<String> = r.try_get(2).ok()?;
-            let vartype: String = r.try_get(3).ok()?;
+            let name = r.text(0)?.to_string();
+            let value = r.text(1)?.to_string();
+            let unit = r.text(2).map(str::to_string);
+            let vartype = r.text(3)?;
             // pg_settings gives commit_delay no unit; it is microseconds.
             let unit = if name == "commit_delay" && unit.is_none() {
                 Some("us".to_string())
             } else {
                 unit
             };
-            let numeric = numeric_setting(&value, unit.as_deref(), &vartype);
-            let source: Option<String> = r.try_get(4).ok()?;
-            let pending_restart: Option<bool> = r.try_get(5).ok()?;
+            let numeric = numeric_setting(&value, unit.as_deref(), vartype);
             Some(Setting {
                 name,
                 value,
                 numeric,
-                source: source.unwrap_or_default(),
-                pending_restart: pending_restart.unwrap_or(false),
+                source: r.text(4).unwrap_or_default().to_string(),
+                pending_restart: r.bool(5).unwrap_or(false),
             })
         })
         .collect())
@@ -191,6 +202,14 @@ mod tests {
     use super::*;
     use crate::postgres::PgStats;
     use crate::postgres::views::render;
+
+    #[test]
+    fn every_setting_is_in_the_statement() {
+        for name in SETTINGS {
+            assert!(SQL.contains(&format!("'{name}'")), "{name}: {}", *SQL);
+        }
+        assert!(!SQL.contains('$'), "no parameter: {}", *SQL);
+    }
 
     #[test]
     fn settings_in_base_units() {

@@ -17,10 +17,10 @@ const SQL: &str = "SELECT spcname::text, pg_tablespace_location(oid) FROM pg_tab
 
 /// (name, location) of each tablespace outside the data directory.
 pub(crate) async fn read(c: Db<'_>) -> QResult<Vec<(String, String)>> {
-    let rows = c.query(SQL, &[]).await?;
+    let rows = c.query(SQL).await?;
     Ok(rows
         .iter()
-        .filter_map(|r| Some((r.try_get(0).ok()?, r.try_get(1).ok()?)))
+        .filter_map(|r| Some((r.text(0)?.to_string(), r.text(1)?.to_string())))
         .collect())
 }
 

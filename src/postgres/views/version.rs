@@ -4,7 +4,7 @@
 use std::fmt;
 
 use crate::families::{self, Encoder};
-use crate::postgres::db::{Db, QResult};
+use crate::postgres::db::{Db, QResult, Row};
 use crate::postgres::snapshot::ClusterSnapshot;
 
 /// The oldest version read: pg_stat_wal (WAL records, writes, syncs and
@@ -24,10 +24,10 @@ const SQL: &str =
     "SELECT current_setting('server_version_num')::int4, current_setting('server_version')";
 
 pub(crate) async fn read(c: Db<'_>) -> QResult<(u32, String)> {
-    let row = c.query_one(SQL, &[]).await?;
-    let num: i32 = row.try_get(0)?;
-    let text: String = row.try_get(1)?;
-    Ok((num.max(0) as u32, text))
+    let row = c.query_one(SQL).await?;
+    let num = row.need(0, Row::int)?;
+    let text = row.need(1, Row::text)?.to_string();
+    Ok((u32::try_from(num.max(0)).unwrap_or(u32::MAX), text))
 }
 
 /// Whether a server has newer views than the queries know: the next major

@@ -10,7 +10,7 @@
 use std::fmt;
 
 use crate::families::Encoder;
-use crate::postgres::db::{Db, QResult, float, ms_to_seconds};
+use crate::postgres::db::{Db, QResult, ms_to_seconds};
 use crate::postgres::snapshot::ClusterSnapshot;
 use crate::postgres::views::rows::WalStats;
 
@@ -58,33 +58,32 @@ pub(crate) async fn read(c: Db<'_>, version: u32) -> QResult<Option<WalStats>> {
     match source(version) {
         Source::None => Ok(None),
         Source::StatWal => {
-            let r = c.query_one(SQL_UP_TO_17, &[]).await?;
+            let r = c.query_one(SQL_UP_TO_17).await?;
             Ok(Some(WalStats {
-                records: float(&r, 0),
-                fpi: float(&r, 1),
-                bytes: float(&r, 2),
-                buffers_full: float(&r, 3),
-                writes: float(&r, 4),
-                syncs: float(&r, 5),
-                write_seconds: ms(float(&r, 6)),
-                sync_seconds: ms(float(&r, 7)),
-                seconds_since_reset: float(&r, 8),
+                records: r.float(0),
+                fpi: r.float(1),
+                bytes: r.float(2),
+                buffers_full: r.float(3),
+                writes: r.float(4),
+                syncs: r.float(5),
+                write_seconds: ms(r.float(6)),
+                sync_seconds: ms(r.float(7)),
+                seconds_since_reset: r.float(8),
             }))
         }
         Source::StatWalAndIo => {
             let second = c.behind(1);
-            let (r, io) =
-                tokio::try_join!(c.query_one(SQL_18, &[]), second.query_one(SQL_18_IO, &[]))?;
+            let (r, io) = tokio::try_join!(c.query_one(SQL_18), second.query_one(SQL_18_IO))?;
             Ok(Some(WalStats {
-                records: float(&r, 0),
-                fpi: float(&r, 1),
-                bytes: float(&r, 2),
-                buffers_full: float(&r, 3),
-                writes: float(&io, 0),
-                syncs: float(&io, 1),
-                write_seconds: ms(float(&io, 2)),
-                sync_seconds: ms(float(&io, 3)),
-                seconds_since_reset: float(&r, 4),
+                records: r.float(0),
+                fpi: r.float(1),
+                bytes: r.float(2),
+                buffers_full: r.float(3),
+                writes: io.float(0),
+                syncs: io.float(1),
+                write_seconds: ms(io.float(2)),
+                sync_seconds: ms(io.float(3)),
+                seconds_since_reset: r.float(4),
             }))
         }
     }

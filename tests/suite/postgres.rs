@@ -1775,3 +1775,152 @@ fn an_at_sign_in_a_url_password_as_libpq_reads_it() {
     assert!(log.contains("target=\"host=127.0.0.1 port="), "{log}");
     assert!(!log.contains("Zebra50"), "{log}");
 }
+
+/// A TCP relay to PostgreSQL on `port` that adds `replication=database`
+/// to each connection's StartupMessage, as libpq does for that DSN
+/// keyword: the exporter's sessions through it are walsenders that run
+/// SQL. (Int32 length, Int32 protocol, then NUL-terminated name and value
+/// pairs and a final NUL; sslmode=disable sends no SSLRequest first.)
+fn replication_relay(port: u16) -> u16 {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let relay = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(mut client) = client else { continue };
+            std::thread::spawn(move || {
+                let mut len = [0u8; 4];
+                if client.read_exact(&mut len).is_err() {
+                    return;
+                }
+                let mut body = vec![0u8; (u32::from_be_bytes(len) as usize).saturating_sub(4)];
+                if client.read_exact(&mut body).is_err() {
+                    return;
+                }
+                body.pop();
+                body.extend_from_slice(b"replication\0database\0\0");
+                let mut startup = u32::try_from(body.len() + 4)
+                    .unwrap()
+                    .to_be_bytes()
+                    .to_vec();
+                startup.extend(body);
+                let Ok(mut server) = TcpStream::connect(("127.0.0.1", port)) else {
+                    return;
+                };
+                if server.write_all(&startup).is_err() {
+                    return;
+                }
+                let (Ok(mut up), Ok(mut down)) = (client.try_clone(), server.try_clone()) else {
+                    return;
+                };
+                std::thread::spawn(move || std::io::copy(&mut up, &mut server));
+                let _ = std::io::copy(&mut down, &mut client);
+            });
+        }
+    });
+    relay
+}
+
+/// A DSN whose sessions are replication sessions (walsenders, which
+/// refuse the extended query protocol with SQLSTATE 08P01): the collector
+/// and `check --pg.dsn` switch to simple queries at the first statement
+/// and read everything as over a plain session; the switch is logged once
+/// per connection. (Before, the set-up's first prepared statement failed:
+/// `pgstorage_pg_up` stayed 0 with query="connect",cause="connection",
+/// and `check` failed reading the version.)
+#[test]
+fn a_replication_session_is_read_over_simple_queries() {
+    let Some(pg) = PgServer::start(PgKind::V18, None) else {
+        return;
+    };
+    pg.create_role("mon", MON_PASSWORD, true);
+    pg.psql("ALTER ROLE mon REPLICATION");
+    let relay = replication_relay(pg.port());
+    let dsn = format!(
+        "host=127.0.0.1 port={relay} user=mon password={MON_PASSWORD} dbname=postgres \
+         sslmode=disable connect_timeout=5"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        &format!("c={dsn}"),
+        "--pg.scrape-interval",
+        "500ms",
+        "--no-pg.discover-volumes",
+        "--probe.path",
+        &format!("t={}", dir.path().display()),
+        "--probe.free-space-reserve",
+        "0",
+    ]);
+    let m = ex.wait_for(
+        "pg_up 1 and the WAL and pg_stat_io counters",
+        Duration::from_secs(30),
+        |m| {
+            pg_up(m) == Some(1.0)
+                && value(m, "pgstorage_pg_wal_bytes_total{cluster=\"c\"}").is_some()
+                && has(m, "pgstorage_pg_io_operations_total", &["cluster=\"c\""])
+        },
+    );
+    let walsenders = pg.psql(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = 'mon' AND backend_type = 'walsender'",
+    );
+    assert_eq!(walsenders, "1", "the collector's session is a walsender");
+    for family in [
+        "pgstorage_pg_info{",
+        "pgstorage_pg_setting_info{cluster=\"c\",name=\"wal_sync_method\"",
+        "pgstorage_pg_commits_total{cluster=\"c\"}",
+        "pgstorage_pg_checkpoints_total{cluster=\"c\"",
+        "pgstorage_pg_wal_syncs_total{cluster=\"c\"}",
+    ] {
+        assert!(m.contains(family), "{family} missing:\n{m}");
+    }
+    let errors: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("pgstorage_pg_scrape_errors_total{cluster=\"c\""))
+        .filter(|l| !l.ends_with(" 0"))
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+    // Once for the set-up's connection: its session's statements start
+    // in the simple protocol.
+    let log = ex.log();
+    let switched = "the server refuses the extended query protocol on this connection";
+    assert_eq!(log.matches(switched).count(), 1, "{log}");
+    assert!(
+        log.contains("cluster=c") || log.contains("\"cluster\":\"c\""),
+        "{log}"
+    );
+    drop(ex);
+
+    let out = Command::new(BIN)
+        .args([
+            "check",
+            "--audit-only",
+            "--format",
+            "json",
+            "--pg.dsn",
+            &dsn,
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}\n{stdout}");
+    let r: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let codes: Vec<&str> = r["cluster"]["findings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no cluster findings: {r}"))
+        .iter()
+        .filter_map(|f| f["code"].as_str())
+        .collect();
+    // data_directory came through the settings query: pg_wal is in it.
+    assert!(codes.contains(&"wal_shares_data_volume"), "{r}");
+    assert!(!stdout.contains(MON_PASSWORD) && !stderr.contains(MON_PASSWORD));
+    pg::report(&format!(
+        "postgres {}: replication session read over simple queries",
+        pg.version()
+    ));
+}

@@ -2083,6 +2083,77 @@ mod tests {
     }
 
     #[test]
+    fn replication_database_only_and_physical_refused_by_name() {
+        let t = target("host=h replication=database", &no_env, None).unwrap();
+        assert!(t.replication);
+        assert_eq!(t.startup, [("replication", b"database".to_vec())]);
+        assert!(t.needs_own_connect());
+        for normal in ["false", "OFF", "no", "0", "f", "of", ""] {
+            let t = target(&format!("host=h replication='{normal}'"), &no_env, None).unwrap();
+            assert!(!t.replication && t.startup.is_empty(), "{normal}");
+            assert!(!t.needs_own_connect(), "{normal}");
+        }
+        for physical in ["true", "on", "yes", "1", "T", "Y"] {
+            let e = target(&format!("host=h replication={physical}"), &no_env, None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(
+                    "connection option \"replication\": physical replication (true, on, yes \
+                     or 1) runs no SQL"
+                ),
+                "{physical}: {e}"
+            );
+        }
+        for bad in ["Database", "o", "2", "maybe"] {
+            let e = target(&format!("host=h replication={bad}"), &no_env, None).unwrap_err();
+            assert!(
+                e.to_string().contains("use database, or false"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn url_bytes_that_are_not_utf8_are_sent_and_shown_escaped() {
+        let t = target(
+            "postgresql://mon%E9:pw%FF@h/caf%E9?options=-c%20x%3Dy%E9&application_name=a%FF",
+            &no_env,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            t.startup,
+            [
+                ("user", b"mon\xe9".to_vec()),
+                ("database", b"caf\xe9".to_vec()),
+                ("options", b"-c x=y\xe9".to_vec()),
+                ("application_name", b"a\xff".to_vec()),
+            ]
+        );
+        assert_eq!(t.config.get_password(), Some(&b"pw\xff"[..]));
+        assert_eq!(
+            t.display,
+            r"host=h port=5432 user='mon\xE9' dbname='caf\xE9' sslmode=prefer"
+        );
+        // A value given as bytes keeps the environment out, as in libpq.
+        let env = |k: &str| (k == "PGDATABASE").then(|| "other".to_string());
+        let t = target("postgresql://h/caf%E9", &env, None).unwrap();
+        assert_eq!(t.startup, [("database", b"caf\xe9".to_vec())]);
+        // A host, port or setting must be text.
+        let e = target("postgresql://h%FF/db", &no_env, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("connection option \"host\": not UTF-8 once percent-decoded"),
+            "{e}"
+        );
+        // UTF-8 needs no rewriting: tokio-postgres's own connect.
+        let t = target("postgresql://mon%C3%A9@h/caf%C3%A9", &no_env, None).unwrap();
+        assert!(t.startup.is_empty() && !t.needs_own_connect());
+        assert_eq!(t.config.get_dbname(), Some("café"));
+    }
+
+    #[test]
     fn options_are_settings_only() {
         for ok in [
             r"-c search_path=a\\ b",

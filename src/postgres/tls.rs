@@ -712,6 +712,32 @@ mod tests {
             e.starts_with(&format!("{d}/.s.PGSQL.5434: connection refused;")),
             "{e}"
         );
+        // An abstract name is no file: nobody listening on it is all a
+        // refusal can mean. Shown with its `@`, as libpq shows it.
+        let name = format!("@pgse-test-{}-none", std::process::id());
+        let t = dsn::target(&format!("host={name} port=5433 user=u"), &no_env, None).unwrap();
+        let e = connect(&t).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{name}/.s.PGSQL.5433: no such socket; is PostgreSQL listening on port 5433 there?"
+            )
+        );
+        assert!(matches!(e, ConnectError::Socket { source: None, .. }));
+        let t = dsn::target(
+            &format!("host={name},{d} port=5433,5436 user=u"),
+            &no_env,
+            None,
+        )
+        .unwrap();
+        let e = connect(&t).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "no PostgreSQL socket answered; tried {name}/.s.PGSQL.5433, {d}/.s.PGSQL.5436 \
+                 (last: "
+            )),
+            "{e}"
+        );
         let t = dsn::target(
             &format!("host={d},{d}/x port=5433,5435 user=u"),
             &no_env,

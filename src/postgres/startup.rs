@@ -158,13 +158,18 @@ impl<S: AsyncWrite + Unpin> Rewrite<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Rewrite<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Rewrite<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_read(cx, buf)
+        let this = self.get_mut();
+        // tokio-postgres writes its SSLRequest without a flush (a socket
+        // needs none) and waits for the answer: what is judged goes out
+        // before any read.
+        ready!(this.drain(cx))?;
+        Pin::new(&mut this.inner).poll_read(cx, buf)
     }
 }
 
@@ -183,6 +188,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Rewrite<S> {
         // it is here, and written out at the next write or flush.
         this.held.extend_from_slice(data);
         this.judge();
+        // Out at once where the socket takes it; the rest at the next
+        // write, flush or read.
+        if let Poll::Ready(Err(e)) = this.drain(cx) {
+            return Poll::Ready(Err(e));
+        }
         Poll::Ready(Ok(data.len()))
     }
 
@@ -340,6 +350,30 @@ mod tests {
         want.extend_from_slice(&hello);
         want.extend_from_slice(&msg);
         assert_eq!(got, want);
+    }
+
+    /// tokio-postgres writes its SSLRequest without a flush and waits
+    /// for the server's one-byte answer.
+    #[tokio::test]
+    async fn an_ssl_request_goes_out_without_a_flush() {
+        let (a, mut b) = tokio::io::duplex(1024);
+        let mut w = Rewrite::new(a, params(&[("database", b"x")]));
+        let ssl = [0, 0, 0, 8, 4, 210, 22, 47];
+        w.write_all(&ssl).await.unwrap();
+        let server = async {
+            let mut got = [0u8; 8];
+            b.read_exact(&mut got).await.unwrap();
+            b.write_all(b"N").await.unwrap();
+            got
+        };
+        let client = async {
+            let mut answer = [0u8; 1];
+            w.read_exact(&mut answer).await.unwrap();
+            answer
+        };
+        let (got, answer) = tokio::join!(server, client);
+        assert_eq!(got, ssl);
+        assert_eq!(&answer, b"N");
     }
 
     #[test]

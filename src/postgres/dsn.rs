@@ -89,7 +89,13 @@ const SUPPORTED: &[&str] = &[
     "target_session_attrs",
     "client_encoding",
     "service",
+    "replication",
 ];
+
+/// The keywords a URL may give as bytes that are not UTF-8: the ones that
+/// reach the server in the startup message (and the password, which the
+/// driver takes as bytes). A host, port or setting of libpq must be text.
+const RAW_KEYWORDS: &[&str] = &["user", "password", "dbname", "options", "application_name"];
 
 /// libpq's environment variables and the keyword each one defaults.
 const ENV_DEFAULTS: &[(&str, &str)] = &[
@@ -239,6 +245,21 @@ pub struct Target {
     pub(crate) server_type: Option<ServerType>,
     /// `config` without hosts and ports, for [`Target::for_host`].
     base: tokio_postgres::Config,
+    /// Startup-message parameters to send in place of tokio-postgres's
+    /// (by the protocol's names: `user`, `database`, ...) or besides them
+    /// (`replication`): bytes that are not UTF-8, which the driver's
+    /// `Config` cannot hold, and the walsender request it has no setting
+    /// for. Empty for almost every target.
+    pub(crate) startup: Vec<(&'static str, Vec<u8>)>,
+    /// `replication=database`: the server runs a logical-replication
+    /// walsender, which takes SQL over the simple query protocol only.
+    pub(crate) replication: bool,
+}
+
+/// A host that names a Unix-domain socket directory: a path, or (libpq
+/// 14 and later, on Linux) a name in the abstract namespace after `@`.
+pub(crate) fn is_socket(host: &str) -> bool {
+    host.starts_with('/') || host.starts_with('@')
 }
 
 impl Target {
@@ -249,7 +270,7 @@ impl Target {
         let mut config = self.base.clone();
         config.host(&h);
         config.port(p);
-        config.ssl_mode(driver_ssl_mode(self.ssl_mode, h.starts_with('/')));
+        config.ssl_mode(driver_ssl_mode(self.ssl_mode, is_socket(&h)));
         Some(Target {
             config,
             ssl_mode: self.ssl_mode,
@@ -259,6 +280,8 @@ impl Target {
             port: p,
             server_type: None,
             base: self.base.clone(),
+            startup: self.startup.clone(),
+            replication: self.replication,
         })
     }
 
@@ -275,7 +298,14 @@ impl Target {
     /// Every host is a Unix-domain socket directory, so no TLS is ever
     /// negotiated (libpq never uses TLS over a socket).
     pub(crate) fn sockets_only(&self) -> bool {
-        self.hosts.iter().all(|(h, _)| h.starts_with('/'))
+        self.hosts.iter().all(|(h, _)| is_socket(h))
+    }
+
+    /// The exporter must open the connection itself (see `tls::connect`):
+    /// an abstract socket, which tokio-postgres cannot reach, or a startup
+    /// message to rewrite.
+    pub(crate) fn needs_own_connect(&self) -> bool {
+        !self.startup.is_empty() || self.hosts.iter().any(|(h, _)| h.starts_with('@'))
     }
 }
 
@@ -305,6 +335,19 @@ fn is_space(c: char) -> bool {
 /// `PQconninfoParse` does: no environment, no defaults, an unknown keyword
 /// is an error. A later value of a keyword replaces an earlier one.
 pub fn parse(dsn: &str) -> Result<BTreeMap<String, String>, DsnError> {
+    let (kv, raw) = parse_bytes(dsn)?;
+    match raw.keys().next() {
+        Some(k) => Err(DsnError::Value {
+            key: keyword(k).unwrap_or("dbname"),
+            why: "not UTF-8 once percent-decoded".into(),
+        }),
+        None => Ok(kv),
+    }
+}
+
+/// [`parse`], with the URL values that are not UTF-8 once percent-decoded
+/// kept apart as bytes (a key=value string is text throughout).
+pub(crate) fn parse_bytes(dsn: &str) -> Result<(BTreeMap<String, String>, Raw), DsnError> {
     // libpq takes a string as a URI only when it starts with one of the two
     // designators, with nothing in front, not even a space.
     for prefix in ["postgresql://", "postgres://"] {
@@ -312,7 +355,7 @@ pub fn parse(dsn: &str) -> Result<BTreeMap<String, String>, DsnError> {
             return parse_url(dsn, prefix.len());
         }
     }
-    parse_kv(dsn)
+    parse_kv(dsn).map(|kv| (kv, Raw::new()))
 }
 
 /// The entry of [`LIBPQ_KEYWORDS`] equal to `word`: the only DSN text an
@@ -473,10 +516,15 @@ const WHOLE: Ends = Ends {
     last: true,
 };
 
+/// Values of a URL that are not UTF-8 once percent-decoded, by keyword:
+/// libpq keeps any bytes, and a server whose encoding is not UTF-8 may
+/// have a database or role by such a name (`caf%E9` in LATIN1).
+pub(crate) type Raw = BTreeMap<String, Vec<u8>>;
+
 /// Percent-decodes one part of a URL, `from` being the character position
 /// of its first character. Errors name the part and the position, never
 /// the text, which may be a password (libpq's own messages quote it).
-fn decode(s: &str, part: &str, from: usize, ends: Ends) -> Result<String, DsnError> {
+fn decode(s: &str, part: &str, from: usize, ends: Ends) -> Result<Vec<u8>, DsnError> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -522,11 +570,36 @@ fn decode(s: &str, part: &str, from: usize, ends: Ends) -> Result<String, DsnErr
         out.push((hi * 16 + lo) as u8);
         i += 3;
     }
-    String::from_utf8(out).map_err(|_| {
-        syntax(format!(
-            "the URL's {part} is not UTF-8 once percent-decoded"
-        ))
-    })
+    Ok(out)
+}
+
+/// Stores a decoded URL value: as text when it is UTF-8 (through
+/// [`store`]), else its bytes in `raw`. A later value of a keyword
+/// replaces an earlier one, whichever map held it.
+fn store_bytes(out: &mut BTreeMap<String, String>, raw: &mut Raw, key: &str, value: Vec<u8>) {
+    match String::from_utf8(value) {
+        Ok(text) => {
+            raw.remove(key);
+            store(out, key, text);
+        }
+        // libpq reads requiressl by its first byte alone.
+        Err(e) if key == "requiressl" => {
+            store(
+                out,
+                key,
+                if e.as_bytes().first() == Some(&b'1') {
+                    "1"
+                } else {
+                    ""
+                }
+                .into(),
+            );
+        }
+        Err(e) => {
+            out.remove(key);
+            raw.insert(key.to_string(), e.into_bytes());
+        }
+    }
 }
 
 /// The `@` rule of URLs, checked before [`parse`]: an unencoded `@` is
@@ -585,18 +658,19 @@ fn check_url_at_signs(dsn: &str) -> Result<(), DsnError> {
 /// the designator being the first `prefix_len` bytes of `dsn`. The user
 /// info ends at the first `@` before the first `/`, as in libpq; see
 /// [`check_url_at_signs`] for the URLs the exporter refuses before this.
-fn parse_url(dsn: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, DsnError> {
+fn parse_url(dsn: &str, prefix_len: usize) -> Result<(BTreeMap<String, String>, Raw), DsnError> {
     let rest = &dsn[prefix_len..];
     // The character position (from 1, in the whole DSN) of byte `i` of
     // `rest`, always a character boundary here.
     let at = |i: usize| dsn[..prefix_len + i].chars().count() + 1;
     let mut out = BTreeMap::new();
+    let mut raw = Raw::new();
     let b = rest.as_bytes();
     let byte = |i: usize| b.get(i).copied();
-    let p = parse_user_info(rest, &at, &mut out)?;
+    let p = parse_user_info(rest, &at, &mut out, &mut raw)?;
     let (hosts, ports, mut p) = parse_hosts(rest, p, &at)?;
     let mut end = byte(p);
-    store_hosts(rest, &at, hosts, ports, &mut out)?;
+    store_hosts(rest, &at, hosts, ports, &mut out, &mut raw)?;
     if end.is_some_and(|c| c != b'?') {
         p += 1;
         let start = p;
@@ -606,17 +680,15 @@ fn parse_url(dsn: &str, prefix_len: usize) -> Result<BTreeMap<String, String>, D
         // An empty path leaves dbname unset, so PGDATABASE still applies,
         // as in libpq.
         if p > start {
-            out.insert(
-                "dbname".into(),
-                decode(&rest[start..p], "database name", at(start), WHOLE)?,
-            );
+            let db = decode(&rest[start..p], "database name", at(start), WHOLE)?;
+            store_bytes(&mut out, &mut raw, "dbname", db);
         }
         end = byte(p);
     }
     if end.is_some() {
-        parse_query(rest, p + 1, &at, &mut out)?;
+        parse_query(rest, p + 1, &at, &mut out, &mut raw)?;
     }
-    Ok(out)
+    Ok((out, raw))
 }
 
 /// The URL's `user[:password]@`, when it has one: it ends at the first
@@ -625,6 +697,7 @@ fn parse_user_info(
     rest: &str,
     at: &dyn Fn(usize) -> usize,
     out: &mut BTreeMap<String, String>,
+    raw: &mut Raw,
 ) -> Result<usize, DsnError> {
     let b = rest.as_bytes();
     let user_end = b
@@ -640,15 +713,14 @@ fn parse_user_info(
         None => (info, None),
     };
     if !user.is_empty() {
-        out.insert("user".into(), decode(user, "user name", at(0), WHOLE)?);
+        let name = decode(user, "user name", at(0), WHOLE)?;
+        store_bytes(out, raw, "user", name);
     }
     if let Some(pw) = password
         && !pw.is_empty()
     {
-        out.insert(
-            "password".into(),
-            decode(pw, "password", at(user.len() + 1), WHOLE)?,
-        );
+        let pw = decode(pw, "password", at(user.len() + 1), WHOLE)?;
+        store_bytes(out, raw, "password", pw);
     }
     Ok(i + 1)
 }
@@ -730,6 +802,7 @@ fn store_hosts(
     hosts: Spans,
     ports: Spans,
     out: &mut BTreeMap<String, String>,
+    raw: &mut Raw,
 ) -> Result<(), DsnError> {
     let list = |items: Spans, part: &str| {
         let n = items.len();
@@ -744,7 +817,7 @@ fn store_hosts(
                 decode(&rest[r.clone()], part, at(r.start), ends)
             })
             .collect::<Result<Vec<_>, _>>()
-            .map(|v| v.join(","))
+            .map(|v| v.join(&b","[..]))
     };
     // As in libpq, a list is stored when its text is not empty, even if
     // it decodes to nothing (spaces alone).
@@ -755,10 +828,10 @@ fn store_hosts(
     );
     let (hosts, ports) = (list(hosts, "host")?, list(ports, "port")?);
     if hosts_written {
-        out.insert("host".into(), hosts);
+        store_bytes(out, raw, "host", hosts);
     }
     if ports_written {
-        out.insert("port".into(), ports);
+        store_bytes(out, raw, "port", ports);
     }
     Ok(())
 }
@@ -771,6 +844,7 @@ fn parse_query(
     mut p: usize,
     at: &dyn Fn(usize) -> usize,
     out: &mut BTreeMap<String, String>,
+    raw: &mut Raw,
 ) -> Result<(), DsnError> {
     let mut n = 0;
     while p < rest.len() {
@@ -785,7 +859,7 @@ fn parse_query(
         };
         let (k, v) = (&pair[..eq], &pair[eq + 1..]);
         let key = decode(k, &format!("query parameter {n}"), at(p), WHOLE)?;
-        let known = keyword(&key);
+        let known = std::str::from_utf8(&key).ok().and_then(keyword);
         let what = match known {
             Some(kw) => format!("query parameter {kw:?}"),
             None => format!("query parameter {n}"),
@@ -799,11 +873,11 @@ fn parse_query(
         }
         let value = decode(v, &format!("value of {what}"), at(p + eq + 1), WHOLE)?;
         match known {
-            Some(kw) => store(out, kw, value),
+            Some(kw) => store_bytes(out, raw, kw, value),
             // For JDBC's sake libpq reads `ssl=true` (that value only) as
             // sslmode=require.
-            None if key == "ssl" => {
-                if value != "true" {
+            None if key == b"ssl" => {
+                if value != b"true" {
                     return Err(syntax(format!(
                         "the URL's query parameter \"ssl\" (character {}) takes only the value \
                          true (sslmode=require); use sslmode",
@@ -894,15 +968,15 @@ fn port_number(text: &str, n: usize, of: usize) -> Result<u16, DsnError> {
         })
 }
 
-/// A host libpq could reach: a socket directory (an absolute path), an
-/// IPv6 address (with an optional zone), or a host name or IPv4 address
+/// A host libpq could reach: a socket directory (an absolute path, or
+/// `@` and a name in Linux's abstract namespace), an IPv6 address (with an optional zone), or a host name or IPv4 address
 /// (letters, digits, `-`, `.` and `_`). Anything else (a space, an `@`, a
 /// `=`...) has no address: libpq fails its name lookup and prints the
 /// host, which then is most likely a piece of a password (`host=` after an
 /// unquoted value with a space, or the part of a URL after an unencoded
 /// `@`). Refused before connecting, without the text.
 fn reachable_host(h: &str) -> bool {
-    if h.starts_with('/') {
+    if is_socket(h) {
         return !h.chars().any(char::is_control);
     }
     if h.contains(':') {
@@ -941,15 +1015,6 @@ fn hosts_and_ports(kv: &BTreeMap<String, String>) -> Result<Vec<(String, u16)>, 
     };
     let of = hosts.len();
     for (n, h) in hosts.iter().enumerate() {
-        if h.starts_with('@') {
-            return Err(DsnError::Value {
-                key: "host",
-                why: format!(
-                    "{}abstract Unix-domain sockets are not supported by pg-storage-exporter",
-                    item(n + 1, of)
-                ),
-            });
-        }
         if !reachable_host(h) {
             return Err(DsnError::Value {
                 key: "host",
@@ -1120,12 +1185,30 @@ pub(crate) fn read_password_file(path: &Path) -> Result<String, DsnError> {
 /// (`password_file`: the password alone, one line), then libpq's passfile.
 pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<Target, DsnError> {
     check_url_at_signs(dsn)?;
-    let mut kv = parse(dsn)?;
+    let (mut kv, raw) = parse_bytes(dsn)?;
     if let Some(k) = kv
         .keys()
+        .chain(raw.keys())
         .find_map(|k| keyword(k).filter(|k| !SUPPORTED.contains(k)))
     {
         return Err(DsnError::Unsupported(k));
+    }
+    if let Some(k) = raw
+        .keys()
+        .find_map(|k| keyword(k).filter(|k| !RAW_KEYWORDS.contains(k)))
+    {
+        return Err(DsnError::Value {
+            key: k,
+            why: "not UTF-8 once percent-decoded (only user, password, dbname, options and \
+                  application_name may hold other bytes)"
+                .into(),
+        });
+    }
+    // A value given as bytes counts as given: the environment, a service
+    // file and the defaults stay out of it. Its text here is a stand-in;
+    // `build` takes the bytes.
+    for (k, v) in &raw {
+        kv.insert(k.clone(), String::from_utf8_lossy(v).into_owned());
     }
     let mut from = Vec::new();
     // libpq reads the service file before the environment: its settings
@@ -1155,7 +1238,7 @@ pub fn target(dsn: &str, env: Env<'_>, password_file: Option<&Path>) -> Result<T
     // A value from an environment variable or a service file is no DSN
     // text, but shown no more than one from the DSN: the error names the
     // variable, or the file and line.
-    build(&kv, env, password_file, &from).map_err(|e| match e {
+    build(&kv, &raw, env, password_file, &from).map_err(|e| match e {
         DsnError::Value { key, why } => match from.iter().find(|(k, _)| *k == key) {
             Some((_, origin)) => DsnError::Value {
                 key,
@@ -1364,7 +1447,7 @@ fn service_lines(
 
 /// tokio-postgres's sslmode for libpq's: TLS is never used over a
 /// Unix-domain socket, whatever sslmode says.
-fn driver_ssl_mode(mode: SslMode, socket: bool) -> tokio_postgres::config::SslMode {
+pub(crate) fn driver_ssl_mode(mode: SslMode, socket: bool) -> tokio_postgres::config::SslMode {
     use tokio_postgres::config::SslMode as D;
     match mode {
         _ if socket => D::Disable,
@@ -1376,6 +1459,7 @@ fn driver_ssl_mode(mode: SslMode, socket: bool) -> tokio_postgres::config::SslMo
 
 fn build(
     kv: &BTreeMap<String, String>,
+    raw: &Raw,
     env: Env<'_>,
     password_file: Option<&Path>,
     from: &[(&'static str, Origin)],
@@ -1399,10 +1483,42 @@ fn build(
     let mut c = tokio_postgres::Config::new();
     c.user(&user);
     c.dbname(&dbname);
-    if let Some(p) = &password {
-        c.password(p.as_bytes());
+    // tokio-postgres takes a password as bytes: raw ones go as they are.
+    match (raw.get("password"), &password) {
+        (Some(bytes), _) => {
+            c.password(bytes.as_slice());
+        }
+        (None, Some(p)) => {
+            c.password(p.as_bytes());
+        }
+        (None, None) => {}
     }
     let server_type = session_options(kv, &mut c)?;
+    let replication = replication(kv)?;
+    // What the startup message must carry that tokio-postgres cannot put
+    // there: raw bytes for the text stand-ins above (by the protocol's
+    // names), and the walsender request.
+    let mut startup: Vec<(&'static str, Vec<u8>)> = [
+        ("user", "user"),
+        ("dbname", "database"),
+        ("options", "options"),
+        ("application_name", "application_name"),
+    ]
+    .iter()
+    .filter_map(|&(k, name)| {
+        // The database defaults to the user name, bytes and all.
+        let db_is_user = k == "dbname" && given(kv, "dbname").is_none();
+        let bytes = if db_is_user {
+            raw.get("user")
+        } else {
+            raw.get(k)
+        };
+        bytes.map(|v| (name, v.clone()))
+    })
+    .collect();
+    if replication {
+        startup.push(("replication", b"database".to_vec()));
+    }
     let base = c.clone();
     // Ports are given one per host, in the same order: tokio-postgres pairs
     // them by position and tries the hosts in turn, as libpq does.
@@ -1420,13 +1536,24 @@ fn build(
         port,
         server_type,
         base,
+        startup,
+        replication,
     };
     // libpq never uses TLS over a Unix-domain socket, whatever sslmode says.
     // tokio-postgres has one sslmode for all hosts, so only a list of
     // sockets alone turns it off.
     t.config
         .ssl_mode(driver_ssl_mode(ssl_mode, t.sockets_only()));
-    t.display = display(&t.hosts, &user, &dbname, ssl_mode);
+    let user_shown = raw
+        .get("user")
+        .map_or_else(|| shown(&user), |b| shown_bytes(b));
+    let db_shown = match (raw.get("dbname"), given(kv, "dbname")) {
+        (Some(b), _) => shown_bytes(b),
+        // The database defaults to the user name, bytes and all.
+        (None, None) => user_shown.clone(),
+        (None, Some(_)) => shown(&dbname),
+    };
+    t.display = display(&t.hosts, &user_shown, &db_shown, ssl_mode);
     Ok(t)
 }
 
@@ -1585,13 +1712,74 @@ fn display(hosts: &[(String, u16)], user: &str, dbname: &str, ssl_mode: SslMode)
     let list =
         |f: &dyn Fn(&(String, u16)) -> String| hosts.iter().map(f).collect::<Vec<_>>().join(",");
     format!(
-        "host={} port={} user={} dbname={} sslmode={}",
+        "host={} port={} user={user} dbname={dbname} sslmode={}",
         list(&|(h, _)| shown(h)),
         list(&|(_, p)| p.to_string()),
-        shown(user),
-        shown(dbname),
         ssl_mode.as_str()
     )
+}
+
+/// [`shown`] for a name that is not UTF-8: quoted, each byte that is no
+/// part of a character written `\xNN`.
+fn shown_bytes(b: &[u8]) -> String {
+    let mut out = String::from("'");
+    for chunk in b.utf8_chunks() {
+        let valid = shown(chunk.valid());
+        let inner = valid
+            .strip_prefix('\'')
+            .and_then(|v| v.strip_suffix('\''))
+            .unwrap_or(&valid);
+        out.push_str(inner);
+        for byte in chunk.invalid() {
+            out.push_str(&format!("\\x{byte:02X}"));
+        }
+    }
+    out.push('\'');
+    out
+}
+
+/// libpq's `replication`, which it passes to the server as it is: the
+/// server runs a logical-replication walsender for `database` and takes
+/// anything else as a boolean (`parse_bool`). True asks for physical
+/// replication, which runs no SQL at all: refused, as the collectors need
+/// SQL. An empty value is not sent, as in libpq.
+fn replication(kv: &BTreeMap<String, String>) -> Result<bool, DsnError> {
+    let Some(v) = given(kv, "replication") else {
+        return Ok(false);
+    };
+    if v == "database" {
+        return Ok(true);
+    }
+    match server_bool(v) {
+        Some(false) => Ok(false),
+        Some(true) => Err(DsnError::Value {
+            key: "replication",
+            why: "physical replication (true, on, yes or 1) runs no SQL, and the exporter's \
+                  collectors need SQL: use replication=database (a logical-replication \
+                  walsender, which runs SQL over the simple query protocol) or leave it out"
+                .into(),
+        }),
+        None => Err(DsnError::Value {
+            key: "replication",
+            why: "use database, or false, off, no or 0 for a normal connection (the server \
+                  refuses any other value)"
+                .into(),
+        }),
+    }
+}
+
+/// PostgreSQL's `parse_bool`: true, yes, on, 1, false, no, off, 0, any
+/// case, and any unambiguous prefix of the words (`t`, `of`).
+fn server_bool(v: &str) -> Option<bool> {
+    let l = v.to_ascii_lowercase();
+    let prefix_of = |word: &str, min: usize| l.len() >= min && word.starts_with(&l);
+    if prefix_of("true", 1) || prefix_of("yes", 1) || prefix_of("on", 2) || l == "1" {
+        Some(true)
+    } else if prefix_of("false", 1) || prefix_of("no", 1) || prefix_of("off", 2) || l == "0" {
+        Some(false)
+    } else {
+        None
+    }
 }
 
 /// libpq's password file, unless others can read it.
@@ -1651,7 +1839,7 @@ fn one_password(
 /// anything, `\` escapes `:` and `\`. A socket directory matches the host
 /// `localhost`, as in libpq.
 pub fn pgpass_lookup(text: &str, host: &str, port: u16, db: &str, user: &str) -> Option<String> {
-    let host = if host.starts_with('/') || host.is_empty() {
+    let host = if is_socket(host) || host.is_empty() {
         "localhost"
     } else {
         host
@@ -1892,6 +2080,77 @@ mod tests {
                 assert!(!e.contains(piece), "{dsn}: {e}");
             }
         }
+    }
+
+    #[test]
+    fn replication_database_only_and_physical_refused_by_name() {
+        let t = target("host=h replication=database", &no_env, None).unwrap();
+        assert!(t.replication);
+        assert_eq!(t.startup, [("replication", b"database".to_vec())]);
+        assert!(t.needs_own_connect());
+        for normal in ["false", "OFF", "no", "0", "f", "of", ""] {
+            let t = target(&format!("host=h replication='{normal}'"), &no_env, None).unwrap();
+            assert!(!t.replication && t.startup.is_empty(), "{normal}");
+            assert!(!t.needs_own_connect(), "{normal}");
+        }
+        for physical in ["true", "on", "yes", "1", "T", "Y"] {
+            let e = target(&format!("host=h replication={physical}"), &no_env, None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with(
+                    "connection option \"replication\": physical replication (true, on, yes \
+                     or 1) runs no SQL"
+                ),
+                "{physical}: {e}"
+            );
+        }
+        for bad in ["Database", "o", "2", "maybe"] {
+            let e = target(&format!("host=h replication={bad}"), &no_env, None).unwrap_err();
+            assert!(
+                e.to_string().contains("use database, or false"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn url_bytes_that_are_not_utf8_are_sent_and_shown_escaped() {
+        let t = target(
+            "postgresql://mon%E9:pw%FF@h/caf%E9?options=-c%20x%3Dy%E9&application_name=a%FF",
+            &no_env,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            t.startup,
+            [
+                ("user", b"mon\xe9".to_vec()),
+                ("database", b"caf\xe9".to_vec()),
+                ("options", b"-c x=y\xe9".to_vec()),
+                ("application_name", b"a\xff".to_vec()),
+            ]
+        );
+        assert_eq!(t.config.get_password(), Some(&b"pw\xff"[..]));
+        assert_eq!(
+            t.display,
+            r"host=h port=5432 user='mon\xE9' dbname='caf\xE9' sslmode=prefer"
+        );
+        // A value given as bytes keeps the environment out, as in libpq.
+        let env = |k: &str| (k == "PGDATABASE").then(|| "other".to_string());
+        let t = target("postgresql://h/caf%E9", &env, None).unwrap();
+        assert_eq!(t.startup, [("database", b"caf\xe9".to_vec())]);
+        // A host, port or setting must be text.
+        let e = target("postgresql://h%FF/db", &no_env, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("connection option \"host\": not UTF-8 once percent-decoded"),
+            "{e}"
+        );
+        // UTF-8 needs no rewriting: tokio-postgres's own connect.
+        let t = target("postgresql://mon%C3%A9@h/caf%C3%A9", &no_env, None).unwrap();
+        assert!(t.startup.is_empty() && !t.needs_own_connect());
+        assert_eq!(t.config.get_dbname(), Some("café"));
     }
 
     #[test]

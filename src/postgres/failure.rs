@@ -183,7 +183,10 @@ impl ConnectFailure {
         match self {
             ConnectFailure::Failed(ConnectError::Postgres(e)) => Cause::of(e),
             ConnectFailure::Failed(ConnectError::Tls(_)) => Cause::Tls,
-            ConnectFailure::Failed(ConnectError::Socket { source, .. }) => Cause::of(source),
+            ConnectFailure::Failed(ConnectError::Socket { source, .. }) => {
+                source.as_ref().map_or(Cause::Connection, Cause::of)
+            }
+            ConnectFailure::Failed(ConnectError::Host(_)) => Cause::Connection,
             ConnectFailure::Failed(ConnectError::ServerType { source, .. }) => {
                 source.as_ref().map_or(Cause::Connection, Cause::of)
             }

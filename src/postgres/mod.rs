@@ -13,6 +13,7 @@ pub(crate) mod discovery;
 pub mod dsn;
 pub(crate) mod failure;
 pub(crate) mod snapshot;
+pub(crate) mod startup;
 pub(crate) mod tls;
 pub(crate) mod views;
 

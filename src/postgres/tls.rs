@@ -12,6 +12,7 @@
 //! `sslrootcert` defaults to `~/.postgresql/root.crt` as in libpq;
 //! `sslrootcert=system` uses the operating system's trust store.
 
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -22,8 +23,11 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
 use thiserror::Error;
 use tokio_postgres::Client;
+use tokio_postgres::config::TargetSessionAttrs;
+use tokio_postgres::tls::MakeTlsConnect;
 
-use super::dsn::{ServerType, SslMode, Target};
+use super::dsn::{ServerType, SslMode, Target, driver_ssl_mode, is_socket};
+use super::startup::{Params, Rewrite, RewriteTls};
 
 #[derive(Debug, Error)]
 pub(crate) enum ConnectError {
@@ -37,8 +41,14 @@ pub(crate) enum ConnectError {
     #[error("{message}")]
     Socket {
         message: String,
-        source: tokio_postgres::Error,
+        /// None when the exporter opened the socket itself.
+        source: Option<tokio_postgres::Error>,
     },
+    /// A host of a connection the exporter opened itself (see
+    /// `connect_own`) could not be reached, or was not of the
+    /// `target_session_attrs` read-write or read-only asked for.
+    #[error("{0}")]
+    Host(String),
     /// `target_session_attrs` primary, standby or prefer-standby and no
     /// host was of that type: what each host answered. `source`: the last
     /// driver error, when no host was reached at all.
@@ -49,9 +59,16 @@ pub(crate) enum ConnectError {
     },
 }
 
-/// The socket file libpq and PostgreSQL use for a directory and port.
+/// The socket file libpq and PostgreSQL use for a directory and port. An
+/// abstract name (`@name`) is kept as it is written, as both write it
+/// (`@name/` is another name than `@name`).
 fn socket_file(dir: &str, port: u16) -> String {
-    format!("{}/.s.PGSQL.{port}", dir.trim_end_matches('/'))
+    let dir = if dir.starts_with('@') {
+        dir
+    } else {
+        dir.trim_end_matches('/')
+    };
+    format!("{dir}/.s.PGSQL.{port}")
 }
 
 /// Turns a failed connect to Unix-domain socket(s) into a message naming the
@@ -72,11 +89,24 @@ pub(crate) fn socket_error(t: &Target, e: tokio_postgres::Error) -> ConnectError
     let Some(io) = io else {
         return ConnectError::Postgres(e);
     };
-    let message = match t.hosts.as_slice() {
+    ConnectError::Socket {
+        message: socket_message(t, io),
+        source: Some(e),
+    }
+}
+
+/// What a failed connect to the Unix-domain socket(s) of `t` means.
+fn socket_message(t: &Target, io: &io::Error) -> String {
+    match t.hosts.as_slice() {
         [(dir, port)] => {
             let file = socket_file(dir, *port);
             match io.kind() {
                 std::io::ErrorKind::NotFound => {
+                    format!("{file}: no such socket; is PostgreSQL listening on port {port} there?")
+                }
+                // An abstract name is no file: nobody listening on it is
+                // all a refusal can mean.
+                std::io::ErrorKind::ConnectionRefused if dir.starts_with('@') => {
                     format!("{file}: no such socket; is PostgreSQL listening on port {port} there?")
                 }
                 std::io::ErrorKind::ConnectionRefused => format!(
@@ -97,8 +127,7 @@ pub(crate) fn socket_error(t: &Target, e: tokio_postgres::Error) -> ConnectError
                 files.join(", ")
             )
         }
-    };
-    ConnectError::Socket { message, source: e }
+    }
 }
 
 /// tokio-postgres prints a server error as just "db error"; the server's
@@ -319,6 +348,9 @@ pub(crate) async fn connect(t: &Target) -> Result<Connection, ConnectError> {
 /// Connects to the first host that answers, with the server's
 /// `in_hot_standby` (reported at start-up by PostgreSQL 14 and later).
 async fn connect_any(t: &Target) -> Result<(Connection, Option<bool>), ConnectError> {
+    if t.needs_own_connect() {
+        return connect_own(t).await;
+    }
     // Like libpq, TLS is never used over a Unix-domain socket: the kernel
     // already keeps that traffic on this host.
     if t.ssl_mode == SslMode::Disable || t.sockets_only() {
@@ -348,16 +380,211 @@ where
 
 /// Whether the server is in hot standby: the `in_hot_standby` it reported
 /// at start-up, else (a server that does not report it) what libpq asks
-/// then, `pg_is_in_recovery()`.
-async fn in_hot_standby(c: &Connection, reported: Option<bool>) -> Result<bool, ConnectError> {
+/// then, `pg_is_in_recovery()`. A walsender (`replication=database`)
+/// takes the simple query protocol only.
+async fn in_hot_standby(
+    c: &Connection,
+    reported: Option<bool>,
+    simple: bool,
+) -> Result<bool, ConnectError> {
     if let Some(s) = reported {
         return Ok(s);
     }
-    let row = c
-        .client
-        .query_one("SELECT pg_catalog.pg_is_in_recovery()", &[])
-        .await?;
+    const SQL: &str = "SELECT pg_catalog.pg_is_in_recovery()";
+    if simple {
+        let rows = simple_query(&c.client, SQL).await?;
+        return Ok(first_value(&rows).as_deref() == Some("t"));
+    }
+    let row = c.client.query_one(SQL, &[]).await?;
     Ok(row.try_get(0)?)
+}
+
+/// `Client::simple_query`, boxed as a `Send` future: the driver's own
+/// future, awaited inside the collector's spawned task, trips the
+/// compiler's higher-ranked `Send` check ("not general enough").
+fn simple_query<'a>(
+    client: &'a Client,
+    sql: &'a str,
+) -> std::pin::Pin<
+    Box<
+        dyn Future<Output = Result<Vec<tokio_postgres::SimpleQueryMessage>, tokio_postgres::Error>>
+            + Send
+            + 'a,
+    >,
+> {
+    Box::pin(client.simple_query(sql))
+}
+
+/// The first column of the first row of a simple query's answer.
+fn first_value(messages: &[tokio_postgres::SimpleQueryMessage]) -> Option<String> {
+    messages.iter().find_map(|m| match m {
+        tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+        _ => None,
+    })
+}
+
+/// A socket the exporter opened itself.
+enum Opened {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
+/// Opens the socket of one host as libpq would: a Unix-domain socket in a
+/// directory, or in Linux's abstract namespace for `@name` (the address
+/// is `name/.s.PGSQL.<port>` after a NUL byte, where the server listens
+/// with `unix_socket_directories = '@name'`); else TCP as tokio-postgres
+/// does it (each address of the name in turn, no Nagle delay, its
+/// keepalives).
+async fn open(host: &str, port: u16, c: &tokio_postgres::Config) -> io::Result<Opened> {
+    use std::os::unix::ffi::OsStrExt;
+    if host.starts_with('@') {
+        // tokio connects to the abstract address for a path that starts
+        // with a NUL byte, without blocking.
+        let mut path = socket_file(host, port).into_bytes();
+        path[0] = 0;
+        let path = std::ffi::OsStr::from_bytes(&path);
+        return Ok(Opened::Unix(tokio::net::UnixStream::connect(path).await?));
+    }
+    if host.starts_with('/') {
+        let path = socket_file(host, port);
+        return Ok(Opened::Unix(tokio::net::UnixStream::connect(path).await?));
+    }
+    let mut last = None;
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                if c.get_keepalives() {
+                    let ka = socket2::TcpKeepalive::new().with_time(c.get_keepalives_idle());
+                    socket2::SockRef::from(&s).set_tcp_keepalive(&ka)?;
+                }
+                return Ok(Opened::Tcp(s));
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address")))
+}
+
+/// Why one host of [`connect_own`] failed.
+enum HostError {
+    /// Its socket could not be opened.
+    Open(io::Error),
+    Connect(ConnectError),
+}
+
+impl From<ConnectError> for HostError {
+    fn from(e: ConnectError) -> Self {
+        HostError::Connect(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for HostError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        HostError::Connect(ConnectError::Postgres(e))
+    }
+}
+
+/// Connects through a socket the exporter opens itself, for what
+/// tokio-postgres cannot do alone: an abstract socket, or a startup
+/// message with bytes it cannot hold (see `startup`). The hosts are
+/// tried in turn as libpq does, each within connect_timeout (libpq's
+/// per-host meaning), each with its TLS rule, with read-write and
+/// read-only checked as tokio-postgres checks them.
+async fn connect_own(t: &Target) -> Result<(Connection, Option<bool>), ConnectError> {
+    let params: Params = t.startup.clone().into();
+    let per_host = t.config.get_connect_timeout().copied();
+    let mut last = None;
+    for (host, port) in &t.hosts {
+        let attempt = connect_host(t, host, *port, &params);
+        let outcome = match per_host {
+            Some(d) => tokio::time::timeout(d, attempt).await.unwrap_or_else(|_| {
+                Err(HostError::Open(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no answer within {d:?} (connect_timeout)"),
+                )))
+            }),
+            None => attempt.await,
+        };
+        match outcome {
+            Ok(c) => return Ok(c),
+            Err(e) => last = Some((host, *port, e)),
+        }
+    }
+    Err(match last {
+        None => ConnectError::Host("no host to connect to".into()),
+        Some((_, _, HostError::Open(io))) if t.sockets_only() => ConnectError::Socket {
+            message: socket_message(t, &io),
+            source: None,
+        },
+        Some((host, port, HostError::Open(io))) => ConnectError::Host(format!(
+            "{host} port {port}: error connecting to server: {io}"
+        )),
+        Some((_, _, HostError::Connect(e))) => e,
+    })
+}
+
+/// One host of [`connect_own`].
+async fn connect_host(
+    t: &Target,
+    host: &str,
+    port: u16,
+    params: &Params,
+) -> Result<(Connection, Option<bool>), HostError> {
+    let opened = open(host, port, &t.config).await.map_err(HostError::Open)?;
+    let mut config = t.config.clone();
+    // Like libpq, TLS is never used over a Unix-domain socket.
+    let mode = driver_ssl_mode(t.ssl_mode, is_socket(host));
+    config.ssl_mode(mode);
+    let (conn, reported) = match opened {
+        Opened::Unix(s) => {
+            let s = Rewrite::new(s, params.clone());
+            let (client, conn) = config.connect_raw(s, tokio_postgres::NoTls).await?;
+            spawn(client, conn)
+        }
+        Opened::Tcp(s) if mode == tokio_postgres::config::SslMode::Disable => {
+            let s = Rewrite::new(s, params.clone());
+            let (client, conn) = config.connect_raw(s, tokio_postgres::NoTls).await?;
+            spawn(client, conn)
+        }
+        Opened::Tcp(s) => {
+            let s = Rewrite::new(s, params.clone());
+            let mut make = tokio_postgres_rustls::MakeRustlsConnect::new(client_config(t)?);
+            let tls = match MakeTlsConnect::<Rewrite<tokio::net::TcpStream>>::make_tls_connect(
+                &mut make, host,
+            ) {
+                Ok(tls) => tls,
+                Err(never) => match never {},
+            };
+            let tls = RewriteTls {
+                inner: tls,
+                params: params.clone(),
+            };
+            let (client, conn) = config.connect_raw(s, tls).await?;
+            spawn(client, conn)
+        }
+    };
+    // What tokio-postgres's own connect checks for these two values.
+    let want_read_only = match config.get_target_session_attrs() {
+        TargetSessionAttrs::ReadWrite => Some(false),
+        TargetSessionAttrs::ReadOnly => Some(true),
+        _ => None,
+    };
+    if let Some(want) = want_read_only {
+        let rows = simple_query(&conn.client, "SHOW transaction_read_only").await?;
+        let read_only = first_value(&rows).as_deref() == Some("on");
+        if read_only != want {
+            return Err(HostError::Connect(ConnectError::Host(format!(
+                "{host} port {port}: the server is {} (target_session_attrs)",
+                if read_only {
+                    "read-only"
+                } else {
+                    "not read-only"
+                }
+            ))));
+        }
+    }
+    Ok((conn, reported))
 }
 
 /// libpq's `target_session_attrs` primary, standby and prefer-standby:
@@ -383,7 +610,7 @@ async fn connect_server_type(t: &Target, want: ServerType) -> Result<Connection,
             let (host, port) = &one.hosts[0];
             let attempt = async {
                 let (c, reported) = connect_any(&one).await?;
-                let standby = in_hot_standby(&c, reported).await?;
+                let standby = in_hot_standby(&c, reported, one.replication).await?;
                 Ok::<_, ConnectError>((c, standby))
             };
             let outcome = match per_host {
@@ -409,9 +636,10 @@ async fn connect_server_type(t: &Target, want: ServerType) -> Result<Connection,
                     named = matches!(e, ConnectError::Socket { .. });
                     let text = e.to_string();
                     last = match e {
-                        ConnectError::Postgres(e) | ConnectError::Socket { source: e, .. } => {
-                            Some(e)
-                        }
+                        ConnectError::Postgres(e)
+                        | ConnectError::Socket {
+                            source: Some(e), ..
+                        } => Some(e),
                         _ => last,
                     };
                     text
@@ -482,6 +710,32 @@ mod tests {
         let e = connect(&t).await.unwrap_err().to_string();
         assert!(
             e.starts_with(&format!("{d}/.s.PGSQL.5434: connection refused;")),
+            "{e}"
+        );
+        // An abstract name is no file: nobody listening on it is all a
+        // refusal can mean. Shown with its `@`, as libpq shows it.
+        let name = format!("@pgse-test-{}-none", std::process::id());
+        let t = dsn::target(&format!("host={name} port=5433 user=u"), &no_env, None).unwrap();
+        let e = connect(&t).await.unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{name}/.s.PGSQL.5433: no such socket; is PostgreSQL listening on port 5433 there?"
+            )
+        );
+        assert!(matches!(e, ConnectError::Socket { source: None, .. }));
+        let t = dsn::target(
+            &format!("host={name},{d} port=5433,5436 user=u"),
+            &no_env,
+            None,
+        )
+        .unwrap();
+        let e = connect(&t).await.unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "no PostgreSQL socket answered; tried {name}/.s.PGSQL.5433, {d}/.s.PGSQL.5436 \
+                 (last: "
+            )),
             "{e}"
         );
         let t = dsn::target(

@@ -873,17 +873,9 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
     drop(stack);
 }
 
-#[test]
-fn tls_follows_sslmode() {
-    // Debian's PostgreSQL 15 is built with OpenSSL; the PyPI 18 build is not.
-    let Some(pg) = Stack::builder()
-        .pg_version(PgKind::V15)
-        .password(MON_PASSWORD)
-        .role("mon", true)
-        .start_postgres()
-    else {
-        return;
-    };
+/// Turns TLS on in `pg` with a server certificate for localhost signed by
+/// a fresh CA; returns the temp dir holding them and the CA's file.
+fn serve_tls(pg: &PgServer) -> (tempfile::TempDir, std::path::PathBuf) {
     // A CA and a server certificate it signed, for localhost only.
     let certs = tempfile::tempdir().unwrap();
     let p = |n: &str| certs.path().join(n).to_str().unwrap().to_string();
@@ -963,6 +955,21 @@ fn tls_follows_sslmode() {
     pg.psql("ALTER SYSTEM SET ssl = on");
     pg.psql("SELECT pg_reload_conf()");
     std::thread::sleep(Duration::from_millis(500));
+    (certs, ca)
+}
+
+#[test]
+fn tls_follows_sslmode() {
+    // Debian's PostgreSQL 15 is built with OpenSSL; the PyPI 18 build is not.
+    let Some(pg) = Stack::builder()
+        .pg_version(PgKind::V15)
+        .password(MON_PASSWORD)
+        .role("mon", true)
+        .start_postgres()
+    else {
+        return;
+    };
+    let (_certs, ca) = serve_tls(&pg);
     let port = pg.port();
     let base = format!("port={port} user=mon password={MON_PASSWORD} dbname=postgres");
     let crt = ca.display();
@@ -1923,4 +1930,180 @@ fn a_replication_session_is_read_over_simple_queries() {
         "postgres {}: replication session read over simple queries",
         pg.version()
     ));
+}
+
+/// The exporter's sessions in `pg` matching `filter` (SQL on
+/// pg_stat_activity), awaited until there is one.
+fn await_session(pg: &PgServer, filter: &str) -> u32 {
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pg-storage-exporter' \
+         AND {filter}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let n: u32 = pg.psql(&sql).parse().unwrap();
+        if n > 0 || Instant::now() > deadline {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `host=@name`: libpq's abstract Unix-domain socket (Linux, PostgreSQL
+/// 14 and later), where a server listens with `unix_socket_directories =
+/// '@name'`. The collector connects there and nowhere else: the name's
+/// directory form does not exist. (Before, the exporter refused it.)
+#[test]
+fn an_abstract_unix_socket_host_reaches_postgres() {
+    let Some(pg) = PgServer::start(PgKind::V15, None) else {
+        return;
+    };
+    // Unique per test run: the abstract namespace is the network
+    // namespace's, shared by every test on the machine.
+    let name = format!("@pgse-abstract-{}-{}", std::process::id(), pg.port());
+    pg.psql(&format!(
+        "ALTER SYSTEM SET unix_socket_directories = {}, {}",
+        pg::quote_literal(&pg.socket_dir().display().to_string()),
+        pg::quote_literal(&name)
+    ));
+    pg.stop();
+    pg.start_again();
+    assert!(!std::path::Path::new(&name).exists());
+    let dsn = format!(
+        "host={name} port={} user=postgres dbname=postgres",
+        pg.port()
+    );
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        &format!("c={dsn}"),
+        "--pg.scrape-interval",
+        "300ms",
+        "--no-pg.discover-volumes",
+    ]);
+    ex.wait_for(
+        "pg_up 1 over the abstract socket",
+        Duration::from_secs(30),
+        |m| pg_up(m) == Some(1.0),
+    );
+    // A Unix-domain socket's session has no client address and port -1.
+    assert!(await_session(&pg, "client_port = -1") >= 1);
+    assert!(
+        ex.log()
+            .contains(&format!("host={name} port={}", pg.port())),
+        "the target shows the name with its @:\n{}",
+        ex.log()
+    );
+}
+
+/// A URL's percent-encoded bytes that are not UTF-8 reach the server as
+/// libpq sends them: a LATIN1 database `caf\xE9` and role `mon\xE9` (as
+/// a LATIN1 server stores `café` and `moné`), over plain TCP, after an
+/// SSLRequest the server declines (sslmode=prefer, TLS off), and inside
+/// TLS (sslmode=require). (Before, the exporter refused such a URL.)
+#[test]
+fn url_bytes_that_are_not_utf8_reach_a_latin1_database_and_role() {
+    let Some(pg) = PgServer::start(PgKind::V15, None) else {
+        return;
+    };
+    pg.psql(
+        "CREATE DATABASE latin ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'",
+    );
+    // Connected to a LATIN1 database, names are LATIN1: psql sends é as
+    // UTF-8, and the server stores the byte 0xE9.
+    pg.psql(&format!(
+        "\\connect latin\nSET client_encoding TO 'UTF8';\nCREATE DATABASE \"café\" ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' \
+         LC_CTYPE 'C';\n\
+         CREATE ROLE \"moné\" LOGIN PASSWORD '{MON_PASSWORD}';\nGRANT pg_monitor TO \"moné\";"
+    ));
+    let bytes =
+        pg.psql("SELECT encode(datname::bytea, 'hex') FROM pg_database WHERE datname LIKE 'caf_'");
+    assert_eq!(bytes, "636166e9", "the database's name is caf\\xE9");
+    let url = |mode: &str, host: &str| {
+        format!(
+            "postgresql://mon%E9:{MON_PASSWORD}@{host}:{}/caf%E9?sslmode={mode}",
+            pg.port()
+        )
+    };
+    let run = |dsn: &str| {
+        let ex = Exporter::start(&[
+            "--pg.dsn",
+            &format!("c={dsn}"),
+            "--pg.scrape-interval",
+            "300ms",
+            "--no-pg.discover-volumes",
+        ]);
+        ex.wait_for(
+            &format!("pg_up 1 with {dsn}"),
+            Duration::from_secs(30),
+            |m| pg_up(m) == Some(1.0),
+        );
+        let who = "datname::bytea = '\\x636166e9'::bytea AND usename::bytea = '\\x6d6f6ee9'::bytea";
+        assert!(
+            await_session(&pg, who) >= 1,
+            "{dsn}: no session as mon\\xE9 in caf\\xE9"
+        );
+        assert!(!ex.log().contains(MON_PASSWORD));
+        ex
+    };
+    run(&url("disable", "127.0.0.1"));
+    run(&url("prefer", "127.0.0.1"));
+    let (_certs, ca) = serve_tls(&pg);
+    let ex = run(&url("require", "127.0.0.1"));
+    let encrypted = pg.psql(
+        "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+         WHERE ssl AND application_name = 'pg-storage-exporter'",
+    );
+    assert!(encrypted.parse::<u32>().unwrap() >= 1, "not encrypted");
+    drop(ex);
+    run(&format!(
+        "{}&sslrootcert={}",
+        url("verify-full", "localhost"),
+        ca.display()
+    ));
+}
+
+/// `replication=database` makes the exporter's connection a
+/// logical-replication walsender, as libpq does (the server logs it as a
+/// replication connection); a role needs the REPLICATION attribute.
+/// (Before, the exporter refused the keyword.)
+#[test]
+fn replication_database_connects_as_a_walsender() {
+    let Some(pg) = PgServer::start(PgKind::V15, None) else {
+        return;
+    };
+    pg.psql(&format!(
+        "CREATE ROLE repl LOGIN REPLICATION PASSWORD '{MON_PASSWORD}';\n\
+         GRANT pg_monitor TO repl;\nALTER SYSTEM SET log_connections = on;\n\
+         SELECT pg_reload_conf();"
+    ));
+    let dsn = format!(
+        "host=127.0.0.1 port={} user=repl password={MON_PASSWORD} dbname=postgres \
+         sslmode=disable replication=database",
+        pg.port()
+    );
+    let ex = Exporter::start(&[
+        "--pg.dsn",
+        &format!("c={dsn}"),
+        "--pg.scrape-interval",
+        "300ms",
+        "--no-pg.discover-volumes",
+    ]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let walsender = "replication connection authorized: user=repl";
+    while !pg.log().contains(walsender) {
+        assert!(
+            Instant::now() < deadline,
+            "no walsender for the exporter; server log:\n{}\nexporter log:\n{}",
+            pg.log(),
+            ex.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        !pg.log()
+            .contains("connection authorized: user=repl database=postgres"),
+        "every connection of the exporter is a walsender:\n{}",
+        pg.log()
+    );
+    assert!(!ex.log().contains(MON_PASSWORD));
 }

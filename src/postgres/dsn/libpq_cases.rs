@@ -44,6 +44,10 @@ enum Check {
     /// `target_session_attrs` primary, standby or prefer-standby, which
     /// the exporter checks itself (None: tokio-postgres does, or no check).
     Server(Option<ServerType>),
+    /// `replication=database`: a walsender is asked for.
+    Replication(bool),
+    /// A startup parameter sent as these bytes (by the protocol's name).
+    Sends(&'static str, &'static [u8]),
 }
 
 #[derive(Debug)]
@@ -67,7 +71,7 @@ struct Case {
     /// What libpq's parser stores; None when libpq refuses the string.
     parsed: Option<&'static [(&'static str, &'static str)]>,
     /// Values libpq stores besides `parsed` that are not UTF-8 (bytes a
-    /// URL percent-encodes); the exporter refuses such a string.
+    /// URL percent-encodes), which the exporter sends as they are.
     raw: &'static [(&'static str, &'static [u8])],
     want: Want,
 }
@@ -802,17 +806,30 @@ fn doc_cases() -> Vec<Case> {
             Some(&[("hostaddr", "127.0.0.1"), ("port", "5432")]),
             Refused("\"hostaddr\""),
         ),
+        // An abstract Unix-domain socket (Linux, PostgreSQL 14 and later):
+        // `pg/.s.PGSQL.5432` in the abstract namespace.
         case(
             d,
             "host=@pg port=5432",
             Some(&[("host", "@pg"), ("port", "5432")]),
-            Refused("abstract Unix-domain sockets"),
+            Connect(&[("@pg", 5432)], &[]),
         ),
+        // A logical-replication walsender; false, off, no and 0 are a
+        // normal connection.
         case(
             d,
             "host=h replication=database",
             Some(&[("host", "h"), ("replication", "database")]),
-            Refused("\"replication\""),
+            Connect(
+                &[("h", 5432)],
+                &[Replication(true), Sends("replication", b"database")],
+            ),
+        ),
+        case(
+            d,
+            "host=h replication=off",
+            Some(&[("host", "h"), ("replication", "off")]),
+            Connect(&[("h", 5432)], &[Replication(false)]),
         ),
         // The connection service file: the service's settings fill in
         // what the DSN leaves out; the first of a keyword given twice
@@ -1103,17 +1120,28 @@ fn review_cases() -> Vec<Case> {
             Some(&[("host", "h"), ("sslmode", "")]),
             Error("connection option \"sslmode\": use disable, allow"),
         ),
-        // libpq keeps any bytes (15.18 and 18.6 store the byte 0xFF), and
-        // a server whose encoding is not UTF-8 may have such a database;
-        // tokio-postgres takes the database name as a Rust string and
-        // sends it as UTF-8, so it cannot ask for these bytes.
+        // libpq keeps any bytes (15.18 and 18.6 store the byte 0xFF) and
+        // sends them; a server whose encoding is not UTF-8 may have such
+        // a database or role. So does the exporter.
         Case {
             from: r,
             dsn: "postgresql://h/%FF",
             env: &[],
             parsed: Some(&[("host", "h")]),
             raw: &[("dbname", b"\xff")],
-            want: Refused("the URL's database name is not UTF-8"),
+            want: Connect(&[("h", 5432)], &[Sends("database", b"\xff")]),
+        },
+        // The database defaults to the user name, bytes and all.
+        Case {
+            from: r,
+            dsn: "postgresql://mon%E9@h",
+            env: &[],
+            parsed: Some(&[("host", "h")]),
+            raw: &[("user", b"mon\xe9")],
+            want: Connect(
+                &[("h", 5432)],
+                &[Sends("user", b"mon\xe9"), Sends("database", b"mon\xe9")],
+            ),
         },
         // The deprecated `requiressl`, stored by libpq as sslmode: require
         // for a value starting with 1, prefer for anything else; the last
@@ -1542,24 +1570,24 @@ fn env_of(case: &Case) -> impl Fn(&str) -> Option<String> + '_ {
 /// Why a case disagrees, or None when it agrees.
 fn disagreement(case: &Case) -> Option<String> {
     let env = env_of(case);
-    match (parse(case.dsn), case.parsed) {
-        (Ok(kv), Some(want)) => {
+    match (parse_bytes(case.dsn), case.parsed) {
+        (Ok((kv, raw)), Some(want)) => {
             let want: BTreeMap<String, String> = want
                 .iter()
                 .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
                 .collect();
-            if kv != want {
-                return Some(format!("parsed {kv:?}, libpq {want:?}"));
+            let want_raw: Raw = case
+                .raw
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), v.to_vec()))
+                .collect();
+            if kv != want || raw != want_raw {
+                return Some(format!(
+                    "parsed {kv:?} {raw:?}, libpq {want:?} {want_raw:?}"
+                ));
             }
         }
         (Ok(kv), None) => return Some(format!("parsed {kv:?}, libpq refuses it")),
-        // Bytes libpq stores that are not UTF-8: a deliberate refusal.
-        (Err(e), Some(_)) if !case.raw.is_empty() => {
-            return match &case.want {
-                Want::Refused(m) if e.to_string().contains(m) => None,
-                _ => Some(format!("refused ({e}) without a listed reason")),
-            };
-        }
         (Err(e), Some(_)) => return Some(format!("refused ({e}), libpq parses it")),
         (Err(_), None) => {}
     }
@@ -1615,6 +1643,11 @@ fn check(t: &Target, c: Check) -> Option<String> {
         Check::Timeout(s) => c_.get_connect_timeout().copied() == s.map(Duration::from_secs),
         Check::Ssl(m) => t.ssl_mode == m,
         Check::Server(s) => t.server_type == s,
+        Check::Replication(r) => t.replication == r,
+        Check::Sends(name, bytes) => t
+            .startup
+            .iter()
+            .any(|(n, b)| *n == name && b.as_slice() == bytes),
     };
     (!ok).then(|| format!("{c:?} does not hold: {c_:?}"))
 }
@@ -1655,7 +1688,7 @@ fn every_case_agrees_with_libpq_or_is_a_listed_exception() {
     );
     // A new exception is a decision: list it where DSNs are documented
     // (docs/postgresql.md, "Connecting").
-    assert_eq!(exceptions.len(), 12, "{exceptions:?}");
+    assert_eq!(exceptions.len(), 9, "{exceptions:?}");
     assert_eq!(
         from(Source::UriTests),
         60,

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_postgres::types::ToSql;
@@ -30,23 +31,36 @@ pub(crate) type QResult<T> = Result<T, QueryError>;
 /// (a statement without parameters gets its generic plan at once). One
 /// exchange per query also wakes the backend and the exporter a third as
 /// often.
+///
+/// It also counts the transactions the connection committed: in
+/// autocommit every exchange that ends in a Sync (a prepare, an execution)
+/// or a simple query is one transaction, read-only or not, and
+/// pg_stat_database's `xact_commit` counts each. The one-commit basis
+/// compares commits with WAL syncs, and the exporter's own would read as
+/// commits that needed no sync (see `own_commits`).
 #[derive(Default)]
-pub(crate) struct Statements(Mutex<HashMap<&'static str, Statement>>);
+pub(crate) struct Statements {
+    prepared: Mutex<HashMap<&'static str, Statement>>,
+    commits: AtomicU64,
+}
 
 impl std::fmt::Debug for Statements {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.0.lock().map(|m| m.len()).unwrap_or(0);
-        f.debug_struct("Statements").field("prepared", &n).finish()
+        let n = self.prepared.lock().map(|m| m.len()).unwrap_or(0);
+        f.debug_struct("Statements")
+            .field("prepared", &n)
+            .field("commits", &self.commits.load(Ordering::Relaxed))
+            .finish()
     }
 }
 
 impl Statements {
     fn get(&self, sql: &'static str) -> Option<Statement> {
-        self.0.lock().ok()?.get(sql).cloned()
+        self.prepared.lock().ok()?.get(sql).cloned()
     }
 
     fn put(&self, sql: &'static str, s: &Statement) {
-        if let Ok(mut m) = self.0.lock() {
+        if let Ok(mut m) = self.prepared.lock() {
             m.insert(sql, s.clone());
         }
     }
@@ -56,9 +70,13 @@ impl Statements {
     /// since: "cached plan must not change result type"); re-preparing
     /// after a cancelled or refused one costs one exchange.
     fn forget(&self, sql: &'static str) {
-        if let Ok(mut m) = self.0.lock() {
+        if let Ok(mut m) = self.prepared.lock() {
             m.remove(sql);
         }
+    }
+
+    fn committed(&self) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -119,12 +137,22 @@ impl<'a> Db<'a> {
         }
     }
 
+    /// The transactions this connection committed so far. A statement
+    /// that failed rolled its transaction back and is not counted, as
+    /// `xact_commit` does not count it.
+    pub(crate) fn own_commits(&self) -> u64 {
+        self.statements.commits.load(Ordering::Relaxed)
+    }
+
     /// The prepared statement of `sql`, preparing it on first use.
     async fn prepared(&self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s);
         }
+        // Parse and Describe run in a transaction of their own, which the
+        // Sync after them commits.
         let s = self.client.prepare(sql).await?;
+        self.statements.committed();
         self.statements.put(sql, &s);
         Ok(s)
     }
@@ -162,8 +190,9 @@ impl<'a> Db<'a> {
                 f(s).await
             })
             .await;
-        if r.is_err() {
-            self.statements.forget(sql);
+        match r {
+            Ok(_) => self.statements.committed(),
+            Err(_) => self.statements.forget(sql),
         }
         r
     }
@@ -171,11 +200,17 @@ impl<'a> Db<'a> {
     /// One statement over the simple query protocol (one message each
     /// way, as psql and pgbench send theirs), its rows dropped.
     pub(crate) async fn simple_query(&self, sql: &str) -> QResult<()> {
-        self.within(self.client.simple_query(sql)).await.map(drop)
+        self.within(self.client.simple_query(sql)).await?;
+        self.statements.committed();
+        Ok(())
     }
 
+    /// Statements sent as one simple query: they run in one implicit
+    /// transaction (none of the exporter's holds transaction control).
     pub(crate) async fn batch_execute(&self, sql: &str) -> QResult<()> {
-        self.within(self.client.batch_execute(sql)).await
+        self.within(self.client.batch_execute(sql)).await?;
+        self.statements.committed();
+        Ok(())
     }
 }
 

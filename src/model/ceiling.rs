@@ -79,7 +79,7 @@ pub(crate) struct WalInterval {
     /// Transactions committed (pg_stat_database.xact_commit summed):
     /// counted in the same flush of a backend's statistics as its syncs,
     /// so the two agree over any interval, but read-only transactions
-    /// (which never sync) count too.
+    /// (which never sync) count too, all but the exporter's own.
     pub(crate) commits: f64,
     /// Transaction ids assigned: the transactions that wrote, each of
     /// which flushes its commit record; read-only ones get none. Read at
@@ -138,8 +138,8 @@ pub(crate) const ONE_COMMIT_MAX_BYTES_PER_SYNC: f64 = 8192.0;
 ///   ids: at the end of a load they lag the syncs, and the 10 s interval
 ///   holding the end of 4 clients' TPC-B-like load read 1.21 commits but
 ///   1.04 ids per sync. So read-only traffic beside one writing
-///   client (the exporter's own, about 40 commits per 10 s, included)
-///   leaves the basis out once it exceeds a tenth of the writes.
+///   client leaves the basis out once it exceeds a tenth of the writes;
+///   the exporter's own is taken off before (`one_commit_totals`).
 pub(crate) fn one_commit_per_sync(d: &WalInterval) -> bool {
     let valid = [d.syncs, d.seconds, d.bytes, d.commits, d.xids]
         .iter()

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio_postgres::error::{Severity, SqlState};
@@ -46,6 +46,13 @@ pub(crate) struct Statements {
     simple: AtomicBool,
     /// The cluster, named in the line that logs the switch.
     cluster: String,
+    /// The transactions the connection committed: in autocommit every
+    /// exchange that ends in a Sync (a prepare, an execution) or a simple
+    /// query is one transaction, read-only or not, and pg_stat_database's
+    /// `xact_commit` counts each. The one-commit basis compares commits
+    /// with WAL syncs, and the exporter's own would read as commits that
+    /// needed no sync (see `Db::own_commits`).
+    commits: AtomicU64,
 }
 
 impl std::fmt::Debug for Statements {
@@ -54,6 +61,7 @@ impl std::fmt::Debug for Statements {
         f.debug_struct("Statements")
             .field("prepared", &n)
             .field("simple", &self.simple())
+            .field("commits", &self.commits.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -114,6 +122,10 @@ impl Statements {
         if let Ok(mut m) = self.prepared.lock() {
             m.remove(sql);
         }
+    }
+
+    fn committed(&self) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -281,12 +293,22 @@ impl<'a> Db<'a> {
         }
     }
 
+    /// The transactions this connection committed so far. A statement
+    /// that failed rolled its transaction back and is not counted, as
+    /// `xact_commit` does not count it.
+    pub(crate) fn own_commits(&self) -> u64 {
+        self.statements.commits.load(Ordering::Relaxed)
+    }
+
     /// The prepared statement of `sql`, preparing it on first use.
     async fn prepared(&self, sql: &'static str) -> Result<Statement, tokio_postgres::Error> {
         if let Some(s) = self.statements.get(sql) {
             return Ok(s);
         }
+        // Parse and Describe run in a transaction of their own, which the
+        // Sync after them commits.
         let s = self.client.prepare(sql).await?;
+        self.statements.committed();
         self.statements.put(sql, &s);
         Ok(s)
     }
@@ -307,6 +329,7 @@ impl<'a> Db<'a> {
                 }
             }
             let answer = self.client.simple_query(sql).await?;
+            self.statements.committed();
             Ok(answer
                 .into_iter()
                 .filter_map(|m| match m {
@@ -323,6 +346,7 @@ impl<'a> Db<'a> {
     async fn extended(&self, sql: &'static str) -> Result<Vec<Row>, tokio_postgres::Error> {
         let s = self.prepared(sql).await?;
         let rows = self.client.query(&s, &[]).await?;
+        self.statements.committed();
         Ok(rows.into_iter().map(Row::Extended).collect())
     }
 
@@ -338,11 +362,17 @@ impl<'a> Db<'a> {
     /// One statement over the simple query protocol (one message each
     /// way, as psql and pgbench send theirs), its rows dropped.
     pub(crate) async fn simple_query(&self, sql: &str) -> QResult<()> {
-        self.within(self.client.simple_query(sql)).await.map(drop)
+        self.within(self.client.simple_query(sql)).await?;
+        self.statements.committed();
+        Ok(())
     }
 
+    /// Statements sent as one simple query: they run in one implicit
+    /// transaction (none of the exporter's holds transaction control).
     pub(crate) async fn batch_execute(&self, sql: &str) -> QResult<()> {
-        self.within(self.client.batch_execute(sql)).await
+        self.within(self.client.batch_execute(sql)).await?;
+        self.statements.committed();
+        Ok(())
     }
 }
 

@@ -314,7 +314,12 @@ impl ClusterState {
 
 /// The cumulative counters a [`WalInterval`] is the growth of: WAL syncs,
 /// WAL write + sync seconds (the sync time alone where the server reports
-/// no write time), WAL bytes, commits and the next transaction id. `None`
+/// no write time), WAL bytes, commits but the exporter's own, and the next
+/// transaction id. The exporter's read-only transactions (its rounds and
+/// wait samples, 10 a second at a 100 ms sampling interval) would count as
+/// commits that needed no sync and push a lone client's interval over one
+/// commit per sync: under a write-IOPS cap one client commits only 50 times
+/// a second. `None`
 /// when one is missing: no WAL timing (`track_wal_io_timing` off), no pg_stat_wal
 /// (before 14), a standby (no transaction ids are assigned there).
 fn one_commit_totals(stats: &PgStats) -> Option<WalInterval> {
@@ -323,7 +328,7 @@ fn one_commit_totals(stats: &PgStats) -> Option<WalInterval> {
         syncs: w.syncs?,
         seconds: w.sync_seconds? + w.write_seconds.unwrap_or(0.0),
         bytes: w.bytes?,
-        commits: stats.transactions?.commits?,
+        commits: stats.transactions?.commits? - stats.own_commits,
         xids: stats.transactions?.next_xid?,
     })
 }
@@ -777,6 +782,10 @@ impl Session<'_> {
     async fn scrape_once(&mut self, version: u32, local: bool) -> Result<PgStats, Lost> {
         let db = self.db;
         let want = self.cfg.collectors;
+        // The exporter's commits that pg_stat_database can count by now: a
+        // backend reports its counts when it goes idle, so those of this
+        // round come in later readings, as a client's do.
+        let own_commits = db.own_commits() as f64;
         // Settings feed pgstorage_pg_setting*, the start warnings and volume
         // discovery's sync method: read even with the statistics views off.
         if !want.on(Collector::Postgres) {
@@ -861,6 +870,7 @@ impl Session<'_> {
             transactions,
             checkpoints,
             round_trip,
+            own_commits,
         })
     }
 }
@@ -1083,6 +1093,43 @@ mod tests {
         c.down();
         assert!(c.size_due(later + Duration::from_secs(60)));
         assert_eq!(c.snapshot().database_bytes, None);
+    }
+
+    #[test]
+    fn the_exporters_own_commits_do_not_count_as_a_clients() {
+        let c = ClusterState::new("c", Duration::from_secs(60));
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // One client under a write-IOPS cap: 50 commits a second, each its
+        // own 1 ms sync, and the exporter sampling wait events every
+        // 100 ms: 10 read-only commits a second beside them, 1.2 commits
+        // per sync in pg_stat_database.
+        let reading = |s: u64, own: f64| {
+            let n = 50.0 * s as f64;
+            let mut r = wal(n, n * 0.001, Some(0.0), n * 170.0, n);
+            if let Some(t) = r.transactions.as_mut() {
+                t.commits = Some(n + own);
+            }
+            r.own_commits = own;
+            r
+        };
+        c.store(reading(0, 0.0), 0.01, at(0));
+        c.store(reading(10, 100.0), 0.01, at(10));
+        let one = c.snapshot().wal_one_commit;
+        assert!(one.is_some_and(|s| (s - 0.001).abs() < 1e-12), "{one:?}");
+        // Others' read-only commits still count, as they may be group
+        // commit's: an interval with 200 of them (and slower syncs) is
+        // left out.
+        let mut others = wal(1000.0, 2.0, Some(0.0), 1000.0 * 170.0, 1000.0);
+        others.transactions = Some(views::rows::Transactions {
+            commits: Some(1000.0 + 200.0 + 300.0),
+            next_xid: Some(1000.0),
+            ..Default::default()
+        });
+        others.own_commits = 200.0;
+        c.store(others, 0.01, at(20));
+        let one = c.snapshot().wal_one_commit;
+        assert!(one.is_some_and(|s| (s - 0.001).abs() < 1e-12), "{one:?}");
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub(crate) struct PgStats {
     /// The fastest round trip of `SELECT 1` this scrape, in seconds; `None`
     /// over a network (see `views::round_trip`).
     pub(crate) round_trip: Option<f64>,
+    /// The transactions the exporter's connection committed before this
+    /// reading (`Db::own_commits`): pg_stat_database counts them with
+    /// every client's.
+    pub(crate) own_commits: f64,
 }
 
 /// WAL generated per second over the collector's window.

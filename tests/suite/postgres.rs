@@ -708,9 +708,8 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
             [
                 "--pg.dsn",
                 &format!("c18={}", pg.dsn("mon", MON_PASSWORD)),
-                // Every 2 s the exporter's own read-only transactions stay
-                // under a tenth of one pgbench client's writes also on a
-                // loaded host, which the postgres basis needs.
+                // Every 2 s: the interval holding the client's last
+                // commits ends a few seconds after them (see below).
                 "--pg.scrape-interval",
                 "2s",
                 "--probe.interval",
@@ -806,11 +805,6 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
     std::thread::sleep(Duration::from_secs(7));
     let m = ex.wait_for("basis=postgres", Duration::from_secs(60), |m| {
         value(m, postgres_basis).is_some()
-            && value(
-                m,
-                "pgstorage_pg_wal_sync_probe_ratio{cluster=\"c18\",volume=\"c18/wal\"}",
-            )
-            .is_some()
     });
     let ceiling = value(&m, postgres_basis).unwrap();
     // The window's sync mean still holds the bulk load's flushes.
@@ -834,11 +828,15 @@ fn discovers_data_and_symlinked_wal_volumes_with_a_pg_monitor_role() {
         wal_only >= tps,
         "the postgres basis' WAL time, {wal_only}/s, is below one client's {tps} TPS"
     );
-    let ratio = value(
-        &m,
-        "pgstorage_pg_wal_sync_probe_ratio{cluster=\"c18\",volume=\"c18/wal\"}",
-    )
-    .unwrap();
+    // The ratio needs the probe's busy figure too: three bursts in its
+    // window. On a loaded host a burst meets stalls that look like a
+    // throttle's cycles; it then runs on, and the next comes later in
+    // proportion, so this may take a few minutes where the basis did not.
+    let ratio_series = "pgstorage_pg_wal_sync_probe_ratio{cluster=\"c18\",volume=\"c18/wal\"}";
+    let m = ex.wait_for("the WAL sync probe ratio", Duration::from_secs(240), |m| {
+        value(m, ratio_series).is_some()
+    });
+    let ratio = value(&m, ratio_series).unwrap();
     assert!(ratio > 0.0 && ratio < 1000.0, "{ratio}");
 
     // Probe directories beside PostgreSQL's, never inside.

@@ -281,6 +281,14 @@ pub(crate) fn server_syncs(data_dir: &Path, seconds: u64) -> Result<Vec<KindSumm
         .collect())
 }
 
+/// How long `check --pg.dsn` waits for a connection: as long as the
+/// collector does, connect_timeout for each host, twice over for
+/// prefer-standby, which may try every host twice; `None` for
+/// connect_timeout=0, which libpq waits on indefinitely.
+fn connect_within(target: &crate::postgres::dsn::Target) -> Option<std::time::Duration> {
+    crate::postgres::connect_deadline(&target.config).map(|d| d.saturating_mul(target.passes()))
+}
+
 /// `check --pg.dsn DSN`: the cluster's findings from one short read-only
 /// session (the same settings and checkpoint queries as the collector),
 /// with the data and WAL filesystems looked up locally when the data
@@ -298,11 +306,15 @@ pub(crate) fn check_cluster(
         .build()
         .context("starting the runtime")?;
     let (settings, checkpoints, wal_stats, database_bytes) = rt.block_on(async {
-        let within = std::time::Duration::from_secs(10);
-        let conn = tokio::time::timeout(within, crate::postgres::tls::connect(&target))
-            .await
-            .map_err(|_| anyhow::anyhow!("{}: no answer within {within:?}", target.display))?
-            .map_err(|e| anyhow::anyhow!("{}: {e}", target.display))?;
+        let within = connect_within(&target);
+        let connecting = crate::postgres::tls::connect(&target);
+        let conn = match within {
+            Some(within) => tokio::time::timeout(within, connecting)
+                .await
+                .map_err(|_| anyhow::anyhow!("{}: no answer within {within:?}", target.display))?,
+            None => connecting.await,
+        }
+        .map_err(|e| anyhow::anyhow!("{}: {e}", target.display))?;
         let statements = crate::postgres::db::Statements::new(&target.display);
         let db = crate::postgres::db::Db::new(
             &conn.client,
@@ -385,4 +397,30 @@ pub(crate) fn check_cluster(
         host.hugepages_total,
     );
     Ok((audit::evaluate_cluster(&facts), data))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::time::Duration;
+
+    use super::connect_within;
+    use crate::postgres::dsn;
+
+    #[test]
+    fn check_waits_for_every_host_and_pass_as_the_collector_does() {
+        let within = |d: &str| connect_within(&dsn::target(d, &|_| None, None).unwrap());
+        // libpq's default of 10 s per host here.
+        assert_eq!(within("host=a user=u"), Some(Duration::from_secs(10)));
+        assert_eq!(
+            within("host=a,b,c user=u connect_timeout=4"),
+            Some(Duration::from_secs(12))
+        );
+        // prefer-standby may go over the hosts twice.
+        assert_eq!(
+            within("host=a,b,c user=u connect_timeout=4 target_session_attrs=prefer-standby"),
+            Some(Duration::from_secs(24))
+        );
+        assert_eq!(within("host=a user=u connect_timeout=0"), None);
+    }
 }

@@ -687,6 +687,7 @@ impl Session<'_> {
         let sample = tokio::time::sleep_until(tokio::time::Instant::now());
         tokio::pin!(sample);
         let mut draws = 0u64;
+        let mut wal_bytes: Option<f64> = None;
         let r = views::round_trip::local(self.db).await;
         let local = self.keep("round_trip", r)?.unwrap_or(false);
         loop {
@@ -700,6 +701,16 @@ impl Session<'_> {
                     }
                     if let Some(tx) = discover.filter(|_| !*discovered && cfg.discover_volumes) {
                         *discovered = self.discover(tx, &stats, version).await?;
+                    }
+                    // Whether the cluster wrote WAL since the last round:
+                    // the wait sampling keeps its base interval while it
+                    // does (`Schedule::hold`).
+                    let bytes = stats.wal.as_ref().and_then(|w| w.bytes);
+                    let wrote = matches!((wal_bytes, bytes), (Some(a), Some(b)) if b > a);
+                    wal_bytes = bytes;
+                    if schedule.hold(wrote) {
+                        planned = views::rows::Planned::every(base);
+                        sample.as_mut().reset(next_boundary(base, base / 2));
                     }
                     self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
                     // A round that overran its interval moves the next one

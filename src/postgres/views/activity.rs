@@ -60,6 +60,15 @@ const MAX_GAP_INTERVALS: u32 = 2;
 /// each further quiet sample, up to 2^[`MAX_DOUBLINGS`] × the base
 /// interval, and the first busy sample brings it back to the base.
 ///
+/// The samples alone miss load that comes and goes: bursts of 3 s every
+/// 15 s left gaps of 8 s and more between them, and a run of 16 such
+/// bursts counted 0.20× the IO waits a sampler every 0.1 s saw (another
+/// run 0.61×). So while the collector's rounds see the cluster write WAL
+/// (each `scrape_interval`), sampling is held at the base interval
+/// ([`Schedule::hold`]): a cluster that writes is one whose waits matter,
+/// and the exporter never writes WAL itself, so an idle cluster still
+/// backs off.
+///
 /// Backed off, the gaps are random: each base interval is sampled with a
 /// chance of base / mean interval, and a sample weighs the base interval
 /// divided by that chance (`Planned::weight`). A sample that finds a wait
@@ -76,6 +85,8 @@ pub(crate) struct Schedule {
     base: Duration,
     doublings: u32,
     quiet: u32,
+    /// The cluster wrote WAL in the collector's last round: no backing off.
+    held: bool,
 }
 
 impl Schedule {
@@ -84,7 +95,23 @@ impl Schedule {
             base,
             doublings: 0,
             quiet: 0,
+            held: false,
         }
+    }
+
+    /// Takes in whether the cluster wrote WAL over the collector's last
+    /// round; true holds the base interval until a round in which it did
+    /// not. Returns whether the interval came back to the base from a
+    /// longer one, so that the sample planned for later can come sooner.
+    pub(crate) fn hold(&mut self, wrote: bool) -> bool {
+        self.held = wrote;
+        if !wrote {
+            return false;
+        }
+        let was_backed_off = self.doublings > 0;
+        self.doublings = 0;
+        self.quiet = 0;
+        was_backed_off
     }
 
     /// The mean interval now.
@@ -94,7 +121,7 @@ impl Schedule {
 
     /// Takes in a sample's verdict.
     pub(crate) fn observe(&mut self, busy: bool) {
-        if busy {
+        if busy || self.held {
             self.quiet = 0;
             self.doublings = 0;
         } else {
@@ -385,6 +412,33 @@ mod tests {
         s.observe(false);
         s.observe(false);
         assert_eq!(s.interval(), base);
+    }
+
+    #[test]
+    fn a_cluster_writing_wal_holds_the_base_interval() {
+        let base = Duration::from_secs(1);
+        let mut s = Schedule::new(base);
+        for _ in 0..6 {
+            s.observe(false);
+        }
+        assert_eq!(s.interval(), base * 16);
+        // A round saw WAL written: back to the base at once, and held
+        // there however quiet the samples between bursts are.
+        assert!(s.hold(true), "the planned sample comes sooner");
+        for _ in 0..10 {
+            s.observe(false);
+            assert_eq!(s.interval(), base);
+            assert_eq!(s.next(0.999), Planned::every(base));
+        }
+        assert!(!s.hold(true), "already at the base");
+        // A round without writes lets it back off again.
+        assert!(!s.hold(false));
+        let mut seen = vec![];
+        for _ in 0..5 {
+            s.observe(false);
+            seen.push(s.interval().as_secs());
+        }
+        assert_eq!(seen, [1, 1, 2, 4, 8]);
     }
 
     #[test]

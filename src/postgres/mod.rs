@@ -157,7 +157,9 @@ impl ClusterState {
         });
     }
 
-    fn store(&self, stats: PgStats, seconds: f64, now: Instant) {
+    /// Keeps a round's statistics; returns whether the cluster wrote WAL
+    /// since the round before (`pg_stat_wal.wal_bytes` grew).
+    fn store(&self, stats: PgStats, seconds: f64, now: Instant) -> bool {
         let window = self.window;
         self.with(|i| {
             if let Some(w) = &stats.wal
@@ -235,8 +237,10 @@ impl ClusterState {
             // The fastest over the window: a lower bound of every round
             // trip, so the ceiling it goes into stays an upper bound.
             i.snap.round_trip = i.round_trips.iter().map(|&(_, rt)| rt).reduce(f64::min);
+            let mut wrote = false;
             match stats.wal.as_ref().and_then(|w| Some((w.bytes?, w.fpi))) {
                 Some((b, fpi)) => {
+                    wrote = i.wal_bytes.back().is_some_and(|&(_, prev, _)| b > prev);
                     if i.wal_bytes.back().is_some_and(|&(_, prev, _)| b < prev) {
                         i.wal_bytes.clear();
                     }
@@ -255,7 +259,9 @@ impl ClusterState {
             i.snap.up = true;
             i.snap.stats = Some(Arc::new(stats));
             i.snap.scrape_seconds = Some(seconds);
-        });
+            wrote
+        })
+        .unwrap_or(false)
     }
 }
 
@@ -687,7 +693,6 @@ impl Session<'_> {
         let sample = tokio::time::sleep_until(tokio::time::Instant::now());
         tokio::pin!(sample);
         let mut draws = 0u64;
-        let mut wal_bytes: Option<f64> = None;
         let r = views::round_trip::local(self.db).await;
         let local = self.keep("round_trip", r)?.unwrap_or(false);
         loop {
@@ -702,17 +707,13 @@ impl Session<'_> {
                     if let Some(tx) = discover.filter(|_| !*discovered && cfg.discover_volumes) {
                         *discovered = self.discover(tx, &stats, version).await?;
                     }
-                    // Whether the cluster wrote WAL since the last round:
-                    // the wait sampling keeps its base interval while it
-                    // does (`Schedule::hold`).
-                    let bytes = stats.wal.as_ref().and_then(|w| w.bytes);
-                    let wrote = matches!((wal_bytes, bytes), (Some(a), Some(b)) if b > a);
-                    wal_bytes = bytes;
+                    // The wait sampling keeps its base interval while the
+                    // cluster writes WAL (`Schedule::hold`).
+                    let wrote = self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
                     if schedule.hold(wrote) {
                         planned = views::rows::Planned::every(base);
                         sample.as_mut().reset(next_boundary(base, base / 2));
                     }
-                    self.state.store(stats, t0.elapsed().as_secs_f64(), Instant::now());
                     // A round that overran its interval moves the next one
                     // to the boundary after, as a tokio interval that
                     // delays missed ticks would.
@@ -1068,8 +1069,11 @@ mod tests {
                 seconds,
             })
         };
-        c.store(reading(100.0 * mib, Some(10.0)), 0.01, at(0));
-        c.store(reading(130.0 * mib, Some(40.0)), 0.01, at(30));
+        assert!(!c.store(reading(100.0 * mib, Some(10.0)), 0.01, at(0)));
+        assert!(
+            c.store(reading(130.0 * mib, Some(40.0)), 0.01, at(30)),
+            "WAL written since the round before"
+        );
         assert_eq!(rate(&c), None, "under a minute: no rate");
         c.store(reading(220.0 * mib, Some(70.0)), 0.01, at(60));
         assert_eq!(rate(&c), want(2.0 * mib, Some(1.0), 60.0));
@@ -1079,7 +1083,10 @@ mod tests {
         assert_eq!(rate(&c), want(1.0 * mib, Some(1.0), 600.0));
         // A statistics reset: the counter goes back, and the rate waits for
         // a minute of new readings.
-        c.store(reading(1.0 * mib, Some(1.0)), 0.01, at(670));
+        assert!(
+            !c.store(reading(1.0 * mib, Some(1.0)), 0.01, at(670)),
+            "a counter reset is no write"
+        );
         assert_eq!(rate(&c), None);
         c.store(reading(31.0 * mib, None), 0.01, at(730));
         assert_eq!(rate(&c), want(0.5 * mib, None, 60.0));

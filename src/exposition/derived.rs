@@ -258,7 +258,8 @@ fn encode_ceilings(
         "Most commits per second one client can do on this volume: 1 / the mean time per commit \
          (WAL write + sync), the rate of a client committing back to back. basis=probe_mean is \
          1.1 / the window mean of the busy commit probes (phase=busy; whole throttle cycles where a \
-         burst met a throttle), once the window holds three bursts (or all the window can hold); \
+         burst met a throttle), once the window holds three bursts (or all the window can hold; \
+         a burst through a steady throttle counts as three); \
          the after_idle ones when busy_every is 0. \
          basis=postgres uses PostgreSQL's own mean WAL write + sync time per sync over the \
          collection intervals of the window in which each sync was one small commit's (no group \

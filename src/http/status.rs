@@ -907,7 +907,7 @@ mod tests {
             v.record(Op::Sync, Phase::Busy, now, 400e-6);
             v.record(Op::Commit, Phase::AfterIdle, now, 2e-3);
         }
-        v.burst_recorded(false, now);
+        v.burst_recorded(false, now, 1);
         v.counts.setup_error(
             "EACCES",
             "probe directory /srv/<script>x</script>: denied".into(),

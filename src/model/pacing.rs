@@ -283,28 +283,63 @@ pub(crate) fn warmed_tail(n: usize, least: u32) -> std::ops::Range<usize> {
     n - keep..n
 }
 
+/// Where a finished burst's throttle cycles end: the indexes of its
+/// commits that waited ([`is_wait`]) at least [`CYCLE_WAIT_SHARE`] of its
+/// longest commit. The first commit is never a wait (it follows a pause).
+fn cycle_ends(latencies: &[f64]) -> Vec<usize> {
+    let longest = latencies.iter().skip(1).copied().fold(0.0, f64::max);
+    let mut fastest = f64::INFINITY;
+    let mut ends = Vec::new();
+    for (i, &s) in latencies.iter().enumerate() {
+        if i > 0 && is_wait(s, fastest) && s >= CYCLE_WAIT_SHARE * longest {
+            ends.push(i);
+        }
+        fastest = fastest.min(s);
+    }
+    ends
+}
+
 /// The whole throttle cycles of a finished burst (latencies in order):
 /// from just after the first wait that ends a cycle ([`CYCLE_WAIT_SHARE`])
 /// up to and including the last one, whose mean is the throttled rate;
 /// `None` when it has fewer than two such waits, and the burst's busy
-/// figure is its [`warmed_tail`]. The first commit is never a wait (it
-/// follows a pause).
+/// figure is its [`warmed_tail`].
 pub(crate) fn whole_cycles(latencies: &[f64]) -> Option<std::ops::Range<usize>> {
-    let longest = latencies.iter().skip(1).copied().fold(0.0, f64::max);
-    let mut fastest = f64::INFINITY;
-    let mut first = None;
-    let mut last = None;
-    for (i, &s) in latencies.iter().enumerate() {
-        if i > 0 && is_wait(s, fastest) && s >= CYCLE_WAIT_SHARE * longest {
-            first.get_or_insert(i);
-            last = Some(i);
-        }
-        fastest = fastest.min(s);
-    }
-    match (first, last) {
-        (Some(f), Some(l)) if l > f => Some(f + 1..l + 1),
+    match cycle_ends(latencies)[..] {
+        [first, .., last] => Some(first + 1..last + 1),
         _ => None,
     }
+}
+
+/// Whole cycles each half of a burst's cycles needs before the burst can
+/// be a steady throttle ([`steady_throttle`]).
+pub(crate) const STEADY_HALF_CYCLES: usize = 3;
+/// How far apart (the faster half's rate over the slower's) the two
+/// halves of a steady throttle's cycles may be.
+pub(crate) const STEADY_SPREAD: f64 = 1.15;
+
+/// Whether a finished burst ran through a steady throttle: at least
+/// 2 × [`STEADY_HALF_CYCLES`] whole cycles, and the first half of them
+/// and the second giving the same rate within [`STEADY_SPREAD`]. Such a
+/// burst's rate is the throttle's, set outside the host and repeated
+/// cycle after cycle, so it stands for several moments of the host, not
+/// one: under a v1 blkio throttle of 100 write IOPS three bursts minutes
+/// apart each read 20.0-20.1 ms per commit. A busy host's stalls also end
+/// cycles, but few and uneven ones, and fail this.
+pub(crate) fn steady_throttle(latencies: &[f64]) -> bool {
+    let ends = cycle_ends(latencies);
+    let cycles = ends.len().saturating_sub(1);
+    if cycles < 2 * STEADY_HALF_CYCLES {
+        return false;
+    }
+    let mid = ends[cycles / 2];
+    let rate = |r: std::ops::Range<usize>| {
+        let n = r.len() as f64;
+        let total: f64 = latencies[r].iter().sum();
+        n / total
+    };
+    let (a, b) = (rate(ends[0] + 1..mid + 1), rate(mid + 1..ends[cycles] + 1));
+    a.is_finite() && b.is_finite() && a.max(b) <= STEADY_SPREAD * a.min(b)
 }
 
 #[cfg(test)]
@@ -532,6 +567,43 @@ mod tests {
         let r = steady_commits(&lat, CPLAN.least);
         assert_eq!((lat.len(), r.clone()), (40, 20..40));
         assert!((1.0 / mean(&lat[r]) - 20.0 / 1.5).abs() < 0.01);
+    }
+
+    #[test]
+    fn steady_throttles_and_busy_hosts() {
+        // Slices of a v1 blkio throttle, a smooth token bucket: steady.
+        for per in [5, 10, 20] {
+            assert!(
+                steady_throttle(&commit_burst_of(&CPLAN, throttled(per))),
+                "{per}"
+            );
+        }
+        let bucket = commit_burst_of(&CPLAN, |i| if i < 16 { 0.1 } else { 10.0 });
+        assert!(steady_throttle(&bucket));
+        // Measured at 100 write IOPS on a loaded host, tick waits within
+        // slices: eight whole cycles, halves at 50.7 and 49.7 commits/s.
+        let measured = [
+            271, 119, 70, 1970, 3990, 108527, 189, 109, 75, 303, 90456, 5933, 579, 1186, 8719,
+            91799, 8215, 3953, 11836, 3746, 82656, 2712, 2998, 11755, 16241, 52206, 19684, 3769,
+            4094, 357, 69136, 866, 89, 1561, 11737, 90011, 13961, 7973, 10378, 5701, 56082, 3842,
+            4465, 3434, 7982, 83039, 251, 437, 4591, 19574, 76083,
+        ]
+        .map(|us| us as f64 / 1e6);
+        assert!(steady_throttle(&measured));
+        // Not steady: no waits; one long cycle; two stalls of a busy host;
+        // cycles that halve their rate midway (the throttle changed, or it
+        // was stalls).
+        assert!(!steady_throttle(&[0.25e-3; 24]));
+        let long = commit_burst_of(&CPLAN, |i| if i % 20 == 19 { 1498.1 } else { 0.1 });
+        assert!(!steady_throttle(&long));
+        let stalls = commit_burst_of(&CPLAN, |i| if i == 7 || i == 30 { 40.0 } else { 0.25 });
+        assert!(!steady_throttle(&stalls));
+        let slowing = commit_burst_of(&CPLAN, |i| match i {
+            i if i < 60 && i % 6 == 5 => 50.0,
+            i if i >= 60 && i % 6 == 5 => 100.0,
+            _ => 0.2,
+        });
+        assert!(!steady_throttle(&slowing), "{:?}", cycle_ends(&slowing));
     }
 
     const PLAN: ReadBurstPlan = ReadBurstPlan {

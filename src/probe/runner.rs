@@ -14,11 +14,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::events::{Incidents, Report};
-use crate::model::pacing::{BurstRead, CommitBurst, ReadBurst, warmed_tail, whole_cycles};
+use crate::model::pacing::{
+    BurstRead, CommitBurst, ReadBurst, steady_throttle, warmed_tail, whole_cycles,
+};
 use crate::probe::engine::{CommitTiming, Engine};
 use crate::probe::files::{FileId, NameCheck, ProbeDir, READ_FILE, SetupError, WAL_FILE, raw};
 use crate::probe::settings::{
-    BLOCK_SIZE, BURST_COMMITS, BURST_READS, COMMIT_BURST, VolumeSpec, WAL_FILE_SIZE,
+    BLOCK_SIZE, BURST_COMMITS, BURST_READS, COMMIT_BURST, RATE_BURSTS, VolumeSpec, WAL_FILE_SIZE,
     after_idle_pause,
 };
 use crate::probe::state::VolumeState;
@@ -585,7 +587,12 @@ impl Runner {
                 self.record_commit(Phase::Busy, *at, t);
             }
             if let Some((at, _)) = done[steady].last() {
-                self.state.burst_recorded(false, *at);
+                let counts_for = if steady_throttle(&lat) {
+                    RATE_BURSTS
+                } else {
+                    1
+                };
+                self.state.burst_recorded(false, *at, counts_for);
             }
         }
         if let Some(read) = &p.read {
@@ -596,7 +603,7 @@ impl Runner {
                 let phase = match reads.next(start.elapsed()) {
                     BurstRead::Done => {
                         if recorded {
-                            self.state.burst_recorded(true, Instant::now());
+                            self.state.burst_recorded(true, Instant::now(), 1);
                         }
                         return;
                     }

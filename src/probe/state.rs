@@ -89,8 +89,9 @@ pub(crate) struct SweepResult {
 struct Windows {
     window: Vec<Window>,
     /// When each burst of commits (index 0) and reads (index 1) recorded
-    /// its last busy sample, oldest first, while inside the window.
-    bursts: [std::collections::VecDeque<Instant>; 2],
+    /// its last busy sample, and how many bursts it counts for, oldest
+    /// first, while inside the window.
+    bursts: [std::collections::VecDeque<(Instant, u32)>; 2],
     count: [u64; SERIES],
     sum: [f64; SERIES],
 }
@@ -121,7 +122,8 @@ pub(crate) struct Snapshot {
     /// besides those samples; `None` when bursts are off.
     pub(crate) rate_min_bursts: [Option<usize>; 2],
     /// Bursts of commits (index 0) and reads (index 1) whose last recorded
-    /// sample is in the window.
+    /// sample is in the window, a burst through a steady throttle counted
+    /// as [`RATE_BURSTS`](crate::probe::settings::RATE_BURSTS).
     pub(crate) bursts: [usize; 2],
 }
 
@@ -293,11 +295,16 @@ impl VolumeState {
 
     /// Notes that a burst of commits (`read` false) or reads recorded its
     /// last busy sample at `at`: rates wait for several bursts, not only
-    /// for their samples ([`rate_min_bursts`]).
-    pub(crate) fn burst_recorded(&self, read: bool, at: Instant) {
+    /// for their samples ([`rate_min_bursts`]). `counts_for` is how many
+    /// bursts it stands for: 1, or
+    /// [`RATE_BURSTS`](crate::probe::settings::RATE_BURSTS) for commits
+    /// that ran through a steady throttle
+    /// (`model::pacing::steady_throttle`), whose rate is the throttle's
+    /// and not one moment of the host.
+    pub(crate) fn burst_recorded(&self, read: bool, at: Instant, counts_for: u32) {
         if let Ok(mut w) = self.windows.lock() {
             let q = &mut w.bursts[usize::from(read)];
-            q.push_back(at);
+            q.push_back((at, counts_for.max(1)));
             // Bounded by the window at snapshot time; a volume never
             // scraped keeps no more than a few hundred.
             while q.len() > 1024 {
@@ -381,11 +388,11 @@ impl VolumeState {
             for (i, q) in w.bursts.iter_mut().enumerate() {
                 while q
                     .front()
-                    .is_some_and(|at| now.saturating_duration_since(*at) >= self.window)
+                    .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= self.window)
                 {
                     q.pop_front();
                 }
-                bursts[i] = q.len();
+                bursts[i] = q.iter().map(|&(_, n)| n as usize).sum();
             }
             count = w.count;
             sum = w.sum;
@@ -517,7 +524,7 @@ mod tests {
             for _ in 0..n {
                 v.record_all(Phase::Busy, at, &[(Op::Commit, 1e-3)]);
             }
-            v.burst_recorded(false, at);
+            v.burst_recorded(false, at, 1);
         };
         let phase = |at: Instant| {
             v.snapshot(at, &crate::model::WINDOW_QUANTILES)
@@ -533,6 +540,30 @@ mod tests {
         // The first burst leaves the window: two are left, its samples gone.
         let later = t0 + Duration::from_secs(901);
         assert_eq!(phase(later), None);
+    }
+
+    /// A burst through a steady throttle counts for three: the ceiling
+    /// comes with the first burst under a cap, not minutes later.
+    #[test]
+    fn a_steady_throttle_burst_counts_for_three() {
+        let v = volume(900);
+        let t0 = Instant::now();
+        for _ in 0..50 {
+            v.record_all(Phase::Busy, t0, &[(Op::Commit, 20e-3)]);
+        }
+        v.burst_recorded(false, t0, crate::probe::settings::RATE_BURSTS);
+        let s = v.snapshot(t0, &crate::model::WINDOW_QUANTILES);
+        assert_eq!(s.bursts[0], 3);
+        assert_eq!(s.rate_phase(Op::Commit), Some(Phase::Busy));
+        // Its samples must still be enough: 12 from a short throttled
+        // burst are not three bursts' worth.
+        let v = volume(900);
+        for _ in 0..12 {
+            v.record_all(Phase::Busy, t0, &[(Op::Commit, 20e-3)]);
+        }
+        v.burst_recorded(false, t0, crate::probe::settings::RATE_BURSTS);
+        let s = v.snapshot(t0, &crate::model::WINDOW_QUANTILES);
+        assert_eq!(s.rate_phase(Op::Commit), None);
     }
 
     /// Bursts off: the after-idle figure is the rate's basis at once.

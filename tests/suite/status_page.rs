@@ -194,8 +194,10 @@ fn volumes_and_a_setup_error_as_the_browser_shows_them() {
     )
     .unwrap();
     let ex = Exporter::start(&["--config.file", cfg.to_str().unwrap()]);
-    // The probe's ceilings wait for three bursts (5 s apart here).
-    ex.wait_for("the probe ceiling and a setup error", Duration::from_secs(60), |m| {
+    // The probe's ceilings wait for three bursts, 5 s apart on a quiet
+    // host; a burst that ran on through a loaded host's stalls puts the
+    // next off by as many times its usual length (up to about 10).
+    ex.wait_for("the probe ceiling and a setup error", Duration::from_secs(150), |m| {
         sample(
             m,
             "pgstorage_commit_ceiling_per_second{volume=\"t\",basis=\"probe_mean\"}",

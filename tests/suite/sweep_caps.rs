@@ -412,16 +412,17 @@ fn hidden_write_iops_cap_sets_the_ceiling_in_force_at_one_clients_rate() {
         fio.per_second, fio.count
     );
 
-    // The shortest schedule the configuration allows for three bursts:
-    // one every 5 s (the least busy_every), the first three half-second
-    // rounds in. A 1 min window is sure to hold three bursts, so the rates
-    // wait for three, as at the defaults.
+    // The shortest schedule the configuration allows: a burst every 5 s
+    // (the least busy_every), the first three half-second rounds in. The
+    // default 15 min window holds three bursts, so the rates would wait
+    // for three, as at the defaults, but for a burst through a steady
+    // throttle, which counts as three.
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.toml");
     std::fs::write(
         &cfg,
         format!(
-            "window = \"1m\"\n[[volume]]\nname = \"t\"\npath = \"{}\"\n\
+            "[[volume]]\nname = \"t\"\npath = \"{}\"\n\
              interval = \"500ms\"\nbusy_every = \"5s\"\nread_file_size = \"4MiB\"\n\
              free_space_reserve = \"0\"\n",
             fx.mnt.display()
@@ -446,8 +447,10 @@ fn hidden_write_iops_cap_sets_the_ceiling_in_force_at_one_clients_rate() {
     );
 
     // Poll until the ceiling in force is in the band; remember when it
-    // first appeared and what it said then.
+    // first appeared and what it said then, and how many bursts had
+    // recorded by then (a burst records its commits at once, at its end).
     let mut first: Option<(Duration, Ceiling)> = None;
+    let (mut bursts, mut bursts_at_first, mut last_total) = (0, 0, 0.0);
     let (settled, settled_at) = loop {
         let m = ex.metrics();
         // The cap stays hidden: no cgroup limit reaches the exporter.
@@ -457,7 +460,12 @@ fn hidden_write_iops_cap_sets_the_ceiling_in_force_at_one_clients_rate() {
             "the exporter read the cap it should not see:\n{m}"
         );
         let c = Ceiling::read(&m);
+        if c.busy_total > last_total {
+            bursts += 1;
+            last_total = c.busy_total;
+        }
         if first.is_none() && c.in_force.is_some() {
+            bursts_at_first = bursts;
             eprintln!(
                 "after {:.1} s, first: {}",
                 start.elapsed().as_secs_f64(),
@@ -482,6 +490,11 @@ fn hidden_write_iops_cap_sets_the_ceiling_in_force_at_one_clients_rate() {
         "after {:.1} s, in the band: {}",
         settled_at.as_secs_f64(),
         settled.describe(fio.per_second)
+    );
+    // The throttle is steady: its first burst carries the ceiling.
+    assert_eq!(
+        bursts_at_first, 1,
+        "the ceiling waited for {bursts_at_first} bursts: {first:?}"
     );
 
     // A ceiling to bet on stays there: read it again once the next burst

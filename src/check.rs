@@ -46,7 +46,7 @@ use progress::Progress;
 /// The idle time before each lone commit: the daemon's pause at a 1 s
 /// interval ([`after_idle_pause`]). The after-idle cost grows with the
 /// pause and levels off within about 50 ms on the build machine, so this
-/// means what the daemon's half-second pause at its default 2 s interval
+/// means what the daemon's 750 ms pause at its default 3 s interval
 /// means, and keeps eight lone commits within two seconds.
 pub(crate) fn after_idle_pause_default() -> Duration {
     after_idle_pause(Duration::from_secs(1))

@@ -105,7 +105,7 @@ pub(crate) struct Cli {
     pub(crate) sync_method: Option<SyncMethodArg>,
 
     /// Time between probe rounds for --probe.path volumes, e.g. 250ms
-    /// (default: 2s, or [defaults].interval of --config.file).
+    /// (default: 3s, or [defaults].interval of --config.file).
     #[arg(long = "probe.interval", value_parser = parse_duration, value_name = "DURATION")]
     pub(crate) interval: Option<Duration>,
 

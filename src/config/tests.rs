@@ -143,7 +143,7 @@ fn invalid_values_name_line_and_key() {
         (
             format!("window = \"1h\"\n{}", vol("busy_every = \"10s\"")),
             vec![
-                "window: a 3600s window at a 2s interval and a 10s busy_every keeps up to 184320 samples per op",
+                "window: a 3600s window at a 3s interval and a 10s busy_every keeps up to 184320 samples per op",
             ],
         ),
         (

@@ -46,6 +46,7 @@ fn start_sweeping(
     group: Option<&Path>,
     probes: &str,
     sweep_duration: &str,
+    interval: &str,
 ) -> (tempfile::TempDir, Exporter) {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("no-cgroups");
@@ -57,7 +58,8 @@ fn start_sweeping(
             "limits_interval = \"1s\"\ncgroup_root = \"{}\"\n\
              [[volume]]\nname = \"t\"\npath = \"{}\"\nprobes = [{probes}]\n\
              read_file_size = \"16MiB\"\nfree_space_reserve = \"0\"\n\
-             sweep_every = \"1h\"\nsweep_duration = \"{sweep_duration}\"\n",
+             sweep_every = \"1h\"\nsweep_duration = \"{sweep_duration}\"\n\
+             interval = \"{interval}\"\n",
             empty.display(),
             mnt.display()
         ),
@@ -83,7 +85,7 @@ fn start_sweeping(
 /// of each of `resources` (its detected cap; none given: a few limits
 /// passes later, for rows that should not appear).
 fn swept(mnt: &Path, group: Option<&Path>, sweep_duration: &str, resources: &[&str]) -> String {
-    let (_dir, ex) = start_sweeping(mnt, group, "\"read\"", sweep_duration);
+    let (_dir, ex) = start_sweeping(mnt, group, "\"read\"", sweep_duration, "3s");
     // The limits collector turns the sweep into pgstorage_io_limit rows
     // within a limits_interval of it; wait for that pass too.
     let finished = ex.wait_for(
@@ -235,7 +237,10 @@ fn a_write_cap_found_by_the_sweep_is_the_cap_commit_ceiling() {
     const CAP: u64 = 100;
     let mut fx = loopdev::LoopVolume::new(256 << 20, false);
     let group = fx.group("pgse-sweep-ceiling", &[("write_iops_device", CAP)]);
-    let (_dir, ex) = start_sweeping(&fx.mnt, Some(&group), "\"commit\", \"read\"", "28s");
+    // Lone probes every second: 1.6 commits/s, 3.2 device writes/s at the
+    // default 2 per commit, more than 2 % of a 100 write IOPS cap (at the
+    // default 3 s, 1.9 writes/s are less, and nothing needs stretching).
+    let (_dir, ex) = start_sweeping(&fx.mnt, Some(&group), "\"commit\", \"read\"", "28s", "1s");
     let m = ex.wait_for(
         "the cap ceiling from the sweep's plateau",
         Duration::from_secs(120),
